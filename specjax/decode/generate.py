@@ -1,0 +1,220 @@
+"""Host side of generation: tokenize, bucket, batch, run the on-device program, detokenize."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.decode import loop
+from specjax.decode.sampling import SamplingConfig
+from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
+from specjax.models.transformer import Transformer
+
+if TYPE_CHECKING:
+    from specjax.models.tokenizer import Tokenizer
+
+FINISH_REASONS = {loop.REASON_LENGTH: "length", loop.REASON_EOS: "eos", loop.REASON_STOP: "stop"}
+
+
+class GenerationError(ValueError):
+    """Invalid generation request (prompt too long, bad option)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """Options of one generate call.
+
+    Attributes:
+      max_new_tokens: per-sequence limit on generated tokens.
+      sampling: greedy / temperature / top-k / top-p / seed.
+      stop: stop strings; generation of a row ends once its text contains one, and the
+        returned text ends before it.
+      batch_size: rows per device program; a partial last batch is padded (no recompile).
+      chat: wrap each prompt in the model's chat template (Gemma turn markers).
+      ignore_eos: keep generating past EOS (benchmarks with a fixed length).
+    """
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig()
+    stop: tuple[str, ...] = ()
+    batch_size: int = 1
+    chat: bool = False
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise GenerationError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise GenerationError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+
+
+@dataclasses.dataclass
+class Completion:
+    prompt: str
+    text: str
+    tokens: list[int]
+    finish_reason: str  # "eos", "stop" or "length"
+
+
+@dataclasses.dataclass
+class Stats:
+    """Timings of one generate call (all batches).
+
+    prefill_ms: device program start → first token (first batch), the prompt forward.
+    ttft_ms: generate() entry → first token of the first batch (adds tokenization).
+    decode_tokens_per_s: tokens after the first ones / time after the first token.
+    tokens_per_s: all new tokens / wall time of the call.
+    ms_per_token: mean time of one loop step (one token for every row of a batch).
+    """
+
+    prompts: int = 0
+    new_tokens: int = 0
+    wall_s: float = 0.0
+    prefill_ms: float = 0.0
+    ttft_ms: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    ms_per_token: float = 0.0
+    compiled: int = 0
+    compile_s: float = 0.0
+
+    def line(self) -> str:
+        return (f"{self.prompts} prompt(s), {self.new_tokens} new tokens in {self.wall_s:.2f} s: "
+                f"{self.tokens_per_s:.1f} tok/s overall, {self.decode_tokens_per_s:.1f} tok/s decoding, "
+                f"{self.ms_per_token:.1f} ms/step, prefill {self.prefill_ms:.0f} ms, TTFT {self.ttft_ms:.0f} ms"
+                + (f" (+{self.compile_s:.1f} s compiling {self.compiled} program(s))" if self.compiled else ""))
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+    """Next power of two >= n (and >= minimum): a handful of shapes, so few compilations."""
+    return max(minimum, 1 << max(0, (n - 1).bit_length()))
+
+
+class Generator:
+    """Runs batched generation of one model; keeps compiled programs and the KV cache buffer.
+
+    Example:
+      >>> gen = Generator(model, tokenizer)
+      >>> completions, stats = gen.generate(["Hello"], GenerateConfig(max_new_tokens=32))
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.graphdef, self.params = nnx.split(model)
+        self._cache = None
+        self._stops: dict[tuple[str, ...], StopTables | None] = {}
+        self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
+
+    def encode(self, prompts: Sequence[str], chat: bool) -> list[list[int]]:
+        if chat:  # the template leaves BOS to encode(), like every other prompt
+            prompts = [self.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+        return [self.tokenizer.encode(p) for p in prompts]
+
+    def _stop_tables(self, stop: tuple[str, ...]) -> StopTables | None:
+        if stop not in self._stops:
+            self._stops[stop] = build_stop_tables(stop, self.tokenizer.token_bytes())
+        return self._stops[stop]
+
+    def _take_cache(self, batch: int, slots: int):
+        c = self._cache
+        self._cache = None
+        if c is None or c.k[0].shape[:2] != (batch, slots):
+            c = self.model.init_cache(batch, slots)
+        return c
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        cfg: GenerateConfig = GenerateConfig(),
+        progress: Callable[[str], None] = lambda s: None,
+    ) -> tuple[list[Completion], Stats]:
+        """Generates a completion for every prompt (in batches of cfg.batch_size)."""
+        t_start = time.perf_counter()
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if not prompts:
+            raise GenerationError("no prompts given")
+        mcfg = self.model.cfg
+        cfg.sampling.check_vocab(mcfg.vocab_size)
+        ids = self.encode(prompts, cfg.chat)
+        for i, p in enumerate(ids):
+            if len(p) + cfg.max_new_tokens > mcfg.max_seq_len:
+                raise GenerationError(
+                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={cfg.max_new_tokens} that exceeds "
+                    f"the model's context of {mcfg.max_seq_len} tokens")
+            if not p:
+                raise GenerationError(f"prompt {i} is empty after tokenization (nothing to condition on)")
+        stops = self._stop_tables(cfg.stop)
+        stats = Stats(prompts=len(prompts))
+        completions: list[Completion] = []
+        for start in range(0, len(ids), cfg.batch_size):
+            chunk = ids[start:start + cfg.batch_size]
+            out, first_t, t_call = self._run_batch(chunk, cfg, stops, progress, stats, seed_offset=start)
+            if start == 0:
+                stats.prefill_ms = (first_t - t_call) * 1e3
+                stats.ttft_ms = (first_t - t_start) * 1e3
+            for j, p in enumerate(chunk):
+                completions.append(self._completion(prompts[start + j], out, j, cfg))
+        t_end = time.perf_counter()
+        stats.wall_s = t_end - t_start - stats.compile_s
+        stats.new_tokens = sum(len(c.tokens) for c in completions)
+        stats.tokens_per_s = stats.new_tokens / stats.wall_s
+        return completions, stats
+
+    def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
+        b = cfg.batch_size
+        t = bucket(max(len(p) for p in chunk))
+        n_out = bucket(cfg.max_new_tokens)
+        prompt_bt = np.full((b, t), self.model.cfg.pad_id, np.int32)
+        len_b = np.ones((b,), np.int32)
+        for j, p in enumerate(chunk):
+            prompt_bt[j, :len(p)] = p
+            len_b[j] = len(p)
+        active_b = np.arange(b) < len(chunk)
+        s = cfg.sampling
+        static_sampling = SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
+                                         top_p=1.0 if s.top_p >= 1.0 else 0.5)
+        eos = () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)
+        shape_key = (b, t, n_out, static_sampling, eos, None if stops is None else stops.next_state.shape)
+        cache = self._take_cache(b, t + n_out)
+        args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
+                jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
+                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
+        if shape_key not in self._programs:
+            progress(f"compiling for batch {b}, prompt bucket {t}, {n_out} new tokens (once per shape)")
+            t0 = time.perf_counter()
+            self._programs[shape_key] = loop.generate_program.lower(
+                self.graphdef, *args, sampling=static_sampling, n_out=n_out, eos_ids=eos).compile()
+            stats.compiled += 1
+            stats.compile_s += time.perf_counter() - t0
+        loop.CLOCK.t = None
+        t_call = time.perf_counter()
+        state = self._programs[shape_key](*args)
+        out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps))
+        t_end = time.perf_counter()
+        self._cache = state.cache
+        first_t = loop.CLOCK.t or t_end
+        steps = int(out[3])
+        if steps:
+            stats.ms_per_token = (t_end - first_t) * 1e3 / steps
+            stats.decode_tokens_per_s = (int(out[1].sum()) - len(chunk)) / max(t_end - first_t, 1e-9)
+        return out, first_t, t_call
+
+    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig) -> Completion:
+        out_bn, count_b, reason_b, _ = out
+        toks = [int(x) for x in out_bn[j, :count_b[j]]]
+        reason = FINISH_REASONS[int(reason_b[j])]
+        if reason == "eos":
+            toks = toks[:-1]
+        text = self.tokenizer.decode(toks)
+        if reason == "stop":
+            text, _ = truncate_at_stop(text, cfg.stop)
+        return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason)

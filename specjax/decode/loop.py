@@ -1,0 +1,150 @@
+"""The on-device generation program: prefill and the token loop in one jitted function.
+
+Everything per token happens inside a `lax.while_loop` over a `DecodeState` pytree:
+forward one token per row, sample, check EOS / stop strings / length, advance. The host
+sees the program once per batch. The KV cache is passed in and donated, so XLA updates
+it in place and the caller reuses the same buffer for the next batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax.decode import stops as stops_lib
+from specjax.decode.sampling import SamplingConfig, sample
+from specjax.models.kv_cache import KVCache
+
+REASON_LENGTH, REASON_EOS, REASON_STOP = 0, 1, 2
+
+
+@struct.dataclass
+class DecodeState:
+    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b sits at slot pos_b."""
+
+    cache: KVCache
+    out_bn: jax.Array
+    last_b: jax.Array
+    pos_b: jax.Array
+    count_b: jax.Array
+    done_b: jax.Array
+    reason_b: jax.Array
+    stop_bn: jax.Array
+    key: jax.Array
+    steps: jax.Array
+
+
+class FirstTokenClock:
+    """Host timestamp of the first sampled token, recorded by a one-off debug callback.
+
+    The callback fires once per generate call (after prefill), never per token, so it
+    costs nothing on the hot path and lets us report time-to-first-token for a program
+    that runs prefill and decode as one executable.
+    """
+
+    def __init__(self) -> None:
+        self.t = None
+
+    def mark(self, _) -> None:
+        self.t = time.perf_counter()
+
+
+CLOCK = FirstTokenClock()
+
+
+def _emit(state: DecodeState, tok_b, active_b, max_new, eos_ids, stop_tables) -> DecodeState:
+    """Appends one token per active row and updates the stopping conditions."""
+    b = tok_b.shape[0]
+    # Inactive rows aim past the end of the buffer, and mode="drop" discards those writes.
+    column_b = jnp.where(active_b, state.count_b, state.out_bn.shape[1])
+    out_bn = state.out_bn.at[jnp.arange(b), column_b].set(tok_b, mode="drop")
+    count_b = state.count_b + active_b.astype(jnp.int32)
+    is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(active_b)
+    reason_b = jnp.where(active_b & is_eos, REASON_EOS, state.reason_b)
+    stop_bn = state.stop_bn
+    hit_b = jnp.zeros_like(active_b)
+    if stop_tables is not None:
+        new_stop_bn, hit_b = stops_lib.advance(stop_tables, state.stop_bn, tok_b)
+        stop_bn = jnp.where(active_b[:, None], new_stop_bn, state.stop_bn)
+        reason_b = jnp.where(active_b & hit_b & ~is_eos, REASON_STOP, reason_b)
+    done_b = state.done_b | (active_b & (is_eos | hit_b | (count_b >= max_new)))
+    return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b,
+                         stop_bn=stop_bn, last_b=jnp.where(active_b, tok_b, state.last_b))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",))
+def generate_program(
+    graphdef,
+    params,
+    cache: KVCache,
+    prompt_bt: jax.Array,
+    len_b: jax.Array,
+    active_b: jax.Array,
+    max_new: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    stop_tables: stops_lib.StopTables | None,
+    *,
+    sampling: SamplingConfig,
+    n_out: int,
+    eos_ids: tuple[int, ...],
+):
+    """Prefills right-padded prompts and generates until every row is done.
+
+    Args:
+      graphdef, params: the split model (`nnx.split`); params are traced, not baked in.
+      cache: KV cache with at least T + n_out slots (donated).
+      prompt_bt: right-padded prompt ids [B, T]; len_b their lengths (>= 1).
+      active_b: rows to generate for (padding rows of a partial batch are False).
+      max_new: new-token limit (traced scalar <= n_out).
+      key, temperature, top_p: sampling inputs (traced; the mode is the static `sampling`).
+      stop_tables: compiled stop strings or None.
+
+    Returns:
+      (DecodeState after the loop, its cache being the donated buffer updated in place).
+    """
+    model = nnx.merge(graphdef, params)
+    b, t = prompt_bt.shape
+    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
+    last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
+
+    def pick(hidden_b1d, key):
+        logits_bv = model.logits(hidden_b1d)[:, 0]
+        return sample(logits_bv, key, sampling, temperature, top_p)
+
+    key, sub = jax.random.split(key)
+    first_b = pick(last_hidden_b1d, sub)
+    jax.debug.callback(CLOCK.mark, first_b)
+    n_stop = 0 if stop_tables is None else stop_tables.count
+    state = DecodeState(
+        cache=cache,
+        out_bn=jnp.zeros((b, n_out), jnp.int32),
+        last_b=first_b,
+        pos_b=len_b.astype(jnp.int32),
+        count_b=jnp.zeros((b,), jnp.int32),
+        done_b=~active_b,
+        reason_b=jnp.full((b,), REASON_LENGTH, jnp.int32),
+        stop_bn=jnp.zeros((b, n_stop), jnp.int32),
+        key=key,
+        steps=jnp.zeros((), jnp.int32),
+    )
+    state = _emit(state, first_b, active_b, max_new, eos_ids, stop_tables)
+
+    def cond(s: DecodeState):
+        return ~jnp.all(s.done_b)
+
+    def body(s: DecodeState) -> DecodeState:
+        active_b = ~s.done_b
+        hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
+        key, sub = jax.random.split(s.key)
+        tok_b = pick(hidden_b1d, sub)
+        s = s.replace(cache=cache, key=key, steps=s.steps + 1, pos_b=s.pos_b + active_b.astype(jnp.int32))
+        return _emit(s, tok_b, active_b, max_new, eos_ids, stop_tables)
+
+    return jax.lax.while_loop(cond, body, state)

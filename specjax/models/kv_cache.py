@@ -1,0 +1,85 @@
+"""KV cache pytree and the attention masks that read it.
+
+The cache is allocated once per generation call with a static length. Each sequence of
+the batch writes its new keys/values at its own slot offset (`start_b`), so prompts of
+different lengths and ragged speculative acceptance need no padding bookkeeping beyond
+one integer per row. Slots at or beyond a row's committed length may hold stale values
+(prompt padding, rejected drafts): the masks below never let a query see them, and the
+next write overwrites them. This is how rollback works — by position, never by copying.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+
+
+@struct.dataclass
+class KVCache:
+    """Per-layer keys and values, `k[l]` / `v[l]` shaped [batch, slots, kv_heads, head_dim]."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def num_slots(self) -> int:
+        return self.k[0].shape[1]
+
+    @classmethod
+    def zeros(cls, n_layers: int, batch: int, slots: int, n_kv_heads: int, head_dim: int, dtype):
+        shape = (batch, slots, n_kv_heads, head_dim)
+        return cls(
+            k=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(n_layers)),
+        )
+
+
+def write_block(cache_bskh: jax.Array, new_btkh: jax.Array, start_b: jax.Array) -> jax.Array:
+    """Writes each row's T new entries at slots start_b[b] … start_b[b]+T-1.
+
+    The caller guarantees start_b + T <= slots (dynamic_update_slice would otherwise clamp
+    the offset and silently shift the write).
+    """
+    update = lambda c, x, s: lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), s, axis=0)
+    return jax.vmap(update)(cache_bskh, new_btkh, start_b)
+
+
+def causal_block_mask(t: int) -> jax.Array:
+    """[T, T] lower-triangular visibility inside one block of new tokens."""
+    return jnp.tril(jnp.ones((t, t), dtype=bool))
+
+
+def attention_masks(
+    positions_bt: jax.Array,
+    start_b: jax.Array,
+    num_slots: int,
+    block_mask_btt: jax.Array,
+    window: int | None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Visibility [B, T, S] of cache slots for a block of T queries written at start_b.
+
+    A slot s is visible to query t of row b when it is committed (s < start_b) or it is a
+    block slot j = s - start_b that block_mask_btt[b, t, j] allows. Committed slot s holds
+    position s; block slot j holds positions_bt[b, j]. Local layers also require
+    q_pos - k_pos < window.
+
+    Returns:
+      (global_mask_bts, local_mask_bts); the local one is None when window is None.
+    """
+    t = positions_bt.shape[1]
+    s_s = jnp.arange(num_slots)
+    j_bs = s_s[None, :] - start_b[:, None]
+    in_block_bs = (j_bs >= 0) & (j_bs < t)
+    j_clip_bs = jnp.clip(j_bs, 0, t - 1)
+    block_vis_bts = jnp.take_along_axis(
+        block_mask_btt, jnp.broadcast_to(j_clip_bs[:, None, :], (*block_mask_btt.shape[:2], num_slots)), axis=2
+    )
+    committed_bs = j_bs < 0
+    global_bts = committed_bs[:, None, :] | (in_block_bs[:, None, :] & block_vis_bts)
+    if window is None:
+        return global_bts, None
+    kpos_bs = jnp.where(in_block_bs, jnp.take_along_axis(positions_bt, j_clip_bs, axis=1), s_s[None, :])
+    near_bts = (positions_bt[:, :, None] - kpos_bs[:, None, :]) < window
+    return global_bts, global_bts & near_bts

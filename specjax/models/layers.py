@@ -1,0 +1,68 @@
+"""Building blocks: RMSNorm, rotary embeddings, linear maps, the gated MLP."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def _init(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+    return (jax.random.normal(rngs.params(), shape, jnp.float32) / jnp.sqrt(fan_in)).astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * scale, computed in float32.
+
+    Checkpoints that store Gemma's (1 + w) convention are converted by the loaders, so the
+    module always multiplies by the stored scale.
+    """
+
+    def __init__(self, dim: int, eps: float, dtype, rngs: nnx.Rngs | None = None):
+        del rngs
+        self.scale = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class Linear(nnx.Module):
+    """x @ W (+ b) with W stored [in, out]."""
+
+    def __init__(self, d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False):
+        self.w = nnx.Param(_init(rngs, (d_in, d_out), d_in, dtype))
+        self.b = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jnp.einsum("...i,io->...o", x, self.w[...])
+        return y + self.b[...] if self.b is not None else y
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)): GeGLU (tanh GELU) for Gemma, SwiGLU for Llama/Qwen2."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, dtype, rngs: nnx.Rngs):
+        self.gate = Linear(d_model, ffn_dim, dtype, rngs)
+        self.up = Linear(d_model, ffn_dim, dtype, rngs)
+        self.down = Linear(ffn_dim, d_model, dtype, rngs)
+        self.activation = activation
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        g = self.gate(x_btd)
+        g = jax.nn.gelu(g, approximate=True) if self.activation == "gelu_tanh" else jax.nn.silu(g)
+        return self.down(g * self.up(x_btd))
+
+
+def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, base: float, scale: float = 1.0) -> jax.Array:
+    """Rotary embedding, split-half ("NeoX") layout, angles computed in float32."""
+    half = x_btnh.shape[-1] // 2
+    inv_freq = 1.0 / (base ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x_btnh.shape[-1]))
+    angles_bth = (positions_bt.astype(jnp.float32) / scale)[..., None] * inv_freq
+    cos, sin = jnp.cos(angles_bth)[:, :, None, :], jnp.sin(angles_bth)[:, :, None, :]
+    x32 = x_btnh.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_btnh.dtype)

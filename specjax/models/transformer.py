@@ -1,0 +1,151 @@
+"""Decoder-only transformer in Flax NNX (Gemma 3, Llama, Qwen2)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
+from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
+
+_NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional QK-norm, reading and writing a KV cache."""
+
+    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs):
+        d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q = Linear(d, n * h, dtype, rngs, bias=cfg.qkv_bias)
+        self.k = Linear(d, k * h, dtype, rngs, bias=cfg.qkv_bias)
+        self.v = Linear(d, k * h, dtype, rngs, bias=cfg.qkv_bias)
+        self.o = Linear(n * h, d, dtype, rngs)
+        self.q_norm = RMSNorm(h, cfg.norm_eps, dtype) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(h, cfg.norm_eps, dtype) if cfg.qk_norm else None
+        self.n, self.kv, self.h = n, k, h
+        self.q_scale = cfg.q_scale
+        if kind == "global":
+            self.rope_base, self.rope_scale = cfg.rope_base_global, cfg.rope_scale_global
+        else:
+            self.rope_base, self.rope_scale = cfg.rope_base_local, 1.0
+
+    def __call__(self, x_btd, positions_bt, mask_bts, kv, start_b):
+        b, t, _ = x_btd.shape
+        q_btnh = self.q(x_btd).reshape(b, t, self.n, self.h)
+        k_btkh = self.k(x_btd).reshape(b, t, self.kv, self.h)
+        v_btkh = self.v(x_btd).reshape(b, t, self.kv, self.h)
+        if self.q_norm is not None:
+            q_btnh, k_btkh = self.q_norm(q_btnh), self.k_norm(k_btkh)
+        q_btnh = apply_rope(q_btnh, positions_bt, self.rope_base, self.rope_scale)
+        k_btkh = apply_rope(k_btkh, positions_bt, self.rope_base, self.rope_scale)
+        if kv is None:
+            k_bskh, v_bskh = k_btkh, v_btkh
+        else:
+            k_bskh, v_bskh = write_block(kv[0], k_btkh, start_b), write_block(kv[1], v_btkh, start_b)
+        q_btkgh = (q_btnh * self.q_scale).reshape(b, t, self.kv, self.n // self.kv, self.h)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(q_btkgh.dtype),
+                            preferred_element_type=jnp.float32)
+        scores = jnp.where(mask_bts[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
+        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+        y_btd = self.o(out_btkgh.reshape(b, t, self.n * self.h).astype(x_btd.dtype))
+        return y_btd, (None if kv is None else (k_bskh, v_bskh))
+
+
+class Block(nnx.Module):
+    """Pre-norm attention and MLP, with Gemma's extra post-norms when configured."""
+
+    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs):
+        self.kind = kind
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
+        self.attn = Attention(cfg, kind, dtype, rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
+        self.mlp = GatedMLP(cfg.d_model, cfg.ffn_dim, cfg.activation, dtype, rngs)
+        self.post_attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype) if cfg.sandwich_norms else None
+        self.post_mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype) if cfg.sandwich_norms else None
+
+    def __call__(self, x_btd, positions_bt, mask_bts, kv, start_b):
+        y_btd, kv = self.attn(self.attn_norm(x_btd), positions_bt, mask_bts, kv, start_b)
+        if self.post_attn_norm is not None:
+            y_btd = self.post_attn_norm(y_btd)
+        x_btd = x_btd + y_btd
+        y_btd = self.mlp(self.mlp_norm(x_btd))
+        if self.post_mlp_norm is not None:
+            y_btd = self.post_mlp_norm(y_btd)
+        return x_btd + y_btd, kv
+
+
+class Transformer(nnx.Module):
+    """Token embedding, decoder blocks, final norm and (tied or separate) output head.
+
+    `__call__` returns final-normed hidden states; `logits` maps chosen hidden states to
+    the vocabulary, so callers pay the 262k-wide head only for the rows they need.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed = nnx.Param(_init(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, dtype))
+        self.blocks = nnx.List([Block(cfg, kind, dtype, rngs) for kind in cfg.layer_kinds])
+        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
+        self.head = None if cfg.tie_embeddings else nnx.Param(
+            _init(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, dtype))
+
+    def embed_tokens(self, tokens_bt: jax.Array) -> jax.Array:
+        x_btd = jnp.take(self.embed[...], tokens_bt, axis=0)
+        return x_btd * jnp.asarray(self.cfg.embed_multiplier, self.dtype)
+
+    def __call__(
+        self,
+        tokens_bt: jax.Array,
+        positions_bt: jax.Array,
+        cache: KVCache | None = None,
+        start_b: jax.Array | None = None,
+        block_mask_btt: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Runs a block of T tokens per row.
+
+        Args:
+          tokens_bt: token ids [B, T].
+          positions_bt: RoPE position of each token [B, T].
+          cache: KV cache to read and write; None for an uncached forward over the block.
+          start_b: first cache slot written by each row (required with a cache).
+          block_mask_btt: visibility among the block's tokens (default causal); a token
+            tree passes its ancestor mask here.
+
+        Returns:
+          (hidden_btd after the final norm, updated cache or None).
+        """
+        b, t = tokens_bt.shape
+        if block_mask_btt is None:
+            block_mask_btt = jnp.broadcast_to(causal_block_mask(t), (b, t, t))
+        if start_b is None:
+            start_b = jnp.zeros((b,), jnp.int32)
+        slots = t if cache is None else cache.num_slots
+        window = self.cfg.sliding_window if "local" in self.cfg.layer_kinds else None
+        mask_global, mask_local = attention_masks(positions_bt, start_b, slots, block_mask_btt, window)
+        x_btd = self.embed_tokens(tokens_bt)
+        new_k, new_v = [], []
+        for i, block in enumerate(self.blocks):
+            mask = mask_local if block.kind == "local" else mask_global
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            x_btd, kv = block(x_btd, positions_bt, mask, kv, start_b)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+        return self.final_norm(x_btd), new_cache
+
+    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+        """Vocabulary logits (float32) for the given hidden states."""
+        table_vd = self.embed[...] if self.head is None else self.head[...]
+        logits = jnp.einsum("btd,vd->btv", hidden_btd.astype(table_vd.dtype), table_vd,
+                            preferred_element_type=jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+    def init_cache(self, batch: int, slots: int) -> KVCache:
+        c = self.cfg
+        return KVCache.zeros(c.n_layers, batch, slots, c.n_kv_heads, c.head_dim, self.dtype)

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny random models for unit tests, the real Gemma 3 270M for parity."""
+
+from __future__ import annotations
+
+import pytest
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import Transformer
+
+
+def tiny_config(**changes) -> ModelConfig:
+    """A Gemma-3-shaped model small enough for exhaustive oracles (window 4 matters)."""
+    base = ModelConfig(
+        family="gemma3", vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+        ffn_dim=64, layer_kinds=("local", "local", "global"), sliding_window=4, rope_base_global=1e6,
+        qk_norm=True, sandwich_norms=True, activation="gelu_tanh", embed_scale=True,
+        query_scale=0.25, max_seq_len=512, bos_id=2, eos_ids=(1,), pad_id=0,
+    )
+    return base.replace(**changes)
+
+
+class ByteTokenizer:
+    """Test tokenizer: id = 3 + byte value % 61, so every id maps to one known byte."""
+
+    vocab = 64
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return ([2] if add_bos else []) + [3 + b % 61 for b in text.encode()]
+
+    def token_bytes(self) -> list[bytes]:
+        return [b"", b"", b""] + [bytes([97 + (i % 26)]) for i in range(61)]
+
+    def decode(self, ids) -> str:
+        return b"".join(self.token_bytes()[i] for i in ids).decode()
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<model>"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Transformer:
+    return Transformer(tiny_config(), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture
+def byte_tokenizer() -> ByteTokenizer:
+    return ByteTokenizer()

@@ -46,3 +46,49 @@ def tiny_model() -> Transformer:
 @pytest.fixture
 def byte_tokenizer() -> ByteTokenizer:
     return ByteTokenizer()
+
+
+# ------------------------------------------------------------------------- real Gemma 3 270M (session)
+# Loaded once per session and shared by every real-model test module; tests using them are marked
+# `real_model`. HF transformers reads the very same GGUF file (its own dequantization and tokenizer
+# code), so it is an independent reference for logits, tokens and greedy continuations.
+
+
+@pytest.fixture(scope="session")
+def real_model_path():
+    from specjax.models.loading import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def _real_model_and_tokenizer():
+    from specjax.models.loading import load_model
+
+    return load_model(None)  # ~6 s from ~/.cache/specjax; ~20 s the first time
+
+
+@pytest.fixture(scope="session")
+def real_model(_real_model_and_tokenizer) -> Transformer:
+    return _real_model_and_tokenizer[0]
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(_real_model_and_tokenizer):
+    return _real_model_and_tokenizer[1]
+
+
+@pytest.fixture(scope="session")
+def hf_reference(real_model_path):
+    """(transformers model, transformers tokenizer) read from the embedded GGUF (~55 s on 2 cores).
+
+    float32 weights and eager attention: the reference computes the textbook way, with no fused
+    kernels and no low-precision dequantized copy.
+    """
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder, name = str(real_model_path.parent), real_model_path.name
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model, tokenizer

@@ -160,7 +160,7 @@ class Generator:
             out, first_t, t_call = self._run_batch(chunk, cfg, stops, progress, stats, seed_offset=start)
             if start == 0:
                 stats.prefill_ms = (first_t - t_call) * 1e3
-                stats.ttft_ms = (first_t - t_start) * 1e3
+                stats.ttft_ms = (first_t - t_start - stats.compile_s) * 1e3
             for j, p in enumerate(chunk):
                 completions.append(self._completion(prompts[start + j], out, j, cfg))
         t_end = time.perf_counter()

@@ -10,7 +10,6 @@ from flax import nnx
 from specjax.models.config import ConfigError, gemma3_270m
 from specjax.models.kv_cache import attention_masks, causal_block_mask
 from specjax.models.params import param_shapes
-from specjax.models.transformer import Transformer
 
 TOL = 2e-5  # float32; the two paths sum attention over different (masked) lengths
 

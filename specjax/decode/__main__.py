@@ -1,0 +1,35 @@
+"""`python -m specjax.decode key=value …` — Hydra parses options, specjax.decode.cli runs them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def main() -> None:
+    if not (CONFIG_DIR / "decode.yaml").is_file():
+        sys.exit(f"error: {CONFIG_DIR}/decode.yaml not found; install specjax from its source tree "
+                 "(pip install -e .)")
+    import hydra
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from specjax.decode.cli import DecodeOptions, run
+
+    # The structured schema type-checks the YAML and every key=value override.
+    ConfigStore.instance().store(name="decode_schema", node=DecodeOptions)
+
+    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="decode")
+    def app(cfg) -> None:
+        opts = DecodeOptions(**OmegaConf.to_container(cfg, resolve=True))
+        code = run(opts)
+        if code:
+            sys.exit(code)
+
+    app()
+
+
+if __name__ == "__main__":
+    main()

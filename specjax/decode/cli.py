@@ -1,0 +1,122 @@
+"""The decode command's logic, free of Hydra: options dataclass → load → generate → print.
+
+`python -m specjax.decode` (see __main__.py) parses options with Hydra and calls `run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.models.config import ConfigError
+from specjax.models.gguf_loader import ModelFileError
+from specjax.models.params import WeightsError
+from specjax.models.tokenizer import TokenizerError
+
+DEFAULT_PROMPT = "The three most important ideas in computer science are"
+
+# Errors that are the user's input, reported as one line without a traceback.
+USER_ERRORS = (ConfigError, GenerationError, ModelFileError, SamplingError, TokenizerError, WeightsError,
+               FileNotFoundError)
+
+
+class OptionError(ValueError):
+    """A decode option that is missing, malformed or contradictory."""
+
+
+@dataclasses.dataclass
+class DecodeOptions:
+    """Options of `python -m specjax.decode` (configs/decode.yaml documents each)."""
+
+    model: str | None = None
+    dtype: str = "float32"
+    prompt: str | None = None
+    prompts_file: str | None = None
+    limit: int | None = None
+    chat: bool = False
+    max_new_tokens: int = 128
+    batch_size: int = 1
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: list[str] = dataclasses.field(default_factory=list)
+    output: str | None = None
+    quiet: bool = False
+
+
+def read_prompts(path: str, limit: int | None) -> list[str]:
+    """Prompts from a jsonl file with a "prompt" field (../shared/data/prompts format)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise OptionError(f"prompts_file={path!r}: no such file")
+    prompts = []
+    with p.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise OptionError(f"{p}:{n}:{e.colno}: invalid JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise OptionError(f"{p}:{n}: expected an object with a string field \"prompt\"")
+            prompts.append(row["prompt"])
+            if limit is not None and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise OptionError(f"{p}: no prompts found")
+    return prompts
+
+
+def collect_prompts(opts: DecodeOptions) -> list[str]:
+    if opts.prompt is not None and opts.prompts_file is not None:
+        raise OptionError("give either prompt= or prompts_file=, not both")
+    if opts.prompts_file is not None:
+        return read_prompts(opts.prompts_file, opts.limit)
+    return [DEFAULT_PROMPT if opts.prompt is None else str(opts.prompt)]
+
+
+def generate_config(opts: DecodeOptions) -> GenerateConfig:
+    sampling = SamplingConfig(temperature=float(opts.temperature), top_k=opts.top_k, top_p=float(opts.top_p),
+                              seed=opts.seed)
+    return GenerateConfig(max_new_tokens=opts.max_new_tokens, sampling=sampling, stop=tuple(opts.stop),
+                          batch_size=opts.batch_size, chat=opts.chat)
+
+
+def run(opts: DecodeOptions) -> int:
+    """Runs the command; returns the process exit code (2 for bad input)."""
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not opts.quiet:
+            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        prompts = collect_prompts(opts)
+        gen_cfg = generate_config(opts)
+        from specjax.models.loading import load_model
+
+        model, tokenizer = load_model(opts.model, opts.dtype, progress)
+        progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
+                 f"{opts.dtype}")
+        completions, stats = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+    except (*USER_ERRORS, OptionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for i, c in enumerate(completions):
+        if len(completions) > 1:
+            print(f"--- [{i}] {c.prompt[:70]!r} ({c.finish_reason})")
+        print(c.prompt + c.text if not opts.chat else c.text)
+    print(f"stats: {stats.line()}", file=sys.stderr)
+    if opts.output:
+        with open(opts.output, "w", encoding="utf-8") as f:
+            for c in completions:
+                f.write(json.dumps(dataclasses.asdict(c)) + "\n")
+            f.write(json.dumps({"stats": dataclasses.asdict(stats)}) + "\n")
+    return 0

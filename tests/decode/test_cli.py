@@ -1,0 +1,79 @@
+"""`python -m specjax.decode`: options, messages for bad input, an end-to-end run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specjax.decode.cli import DecodeOptions, run
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specjax.decode", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_lists_the_options():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for key in ("model=", "prompts_file=", "max_new_tokens=", "temperature=", "top_p=", "batch_size="):
+        assert key in r.stdout
+
+
+def test_unknown_option_is_named():
+    r = run_cli("no_such_option=1")
+    assert r.returncode != 0
+    assert "no_such_option" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("opts", "message"), [
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer"),
+    ({"prompt": "x", "prompts_file": "p.jsonl"}, "either prompt= or prompts_file="),
+    ({"prompts_file": "/nonexistent/p.jsonl"}, "no such file"),
+    ({"model": "/nonexistent/model.gguf"}, "model file not found: /nonexistent/model.gguf"),
+    ({"dtype": "float8"}, "dtype='float8' is not one of"),
+])
+def test_bad_options_give_one_clear_line(capsys, opts, message):
+    assert run(DecodeOptions(quiet=True, **opts)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_malformed_prompts_file_names_line_and_column(tmp_path, capsys):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "ok"}\n{"prompt": oops}\n')
+    assert run(DecodeOptions(quiet=True, prompts_file=str(f))) == 2
+    assert f"{f}:2:12: invalid JSON" in capsys.readouterr().err
+    f.write_text('{"text": "no prompt field"}\n')
+    assert run(DecodeOptions(quiet=True, prompts_file=str(f))) == 2
+    assert 'string field "prompt"' in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_end_to_end_on_the_embedded_model(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["The sky is", "1, 2, 3,", "Hi"]))
+    out = tmp_path / "out.jsonl"
+    r = run_cli(f"prompts_file={prompts}", "max_new_tokens=8", "batch_size=2", f"output={out}")
+    assert r.returncode == 0, r.stderr
+    assert "compiling" in r.stderr and "stats:" in r.stderr and "tok/s" in r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["prompt"] for row in rows[:3]] == ["The sky is", "1, 2, 3,", "Hi"]
+    assert all(0 < len(row["tokens"]) <= 8 for row in rows[:3])
+    assert rows[1]["text"] in r.stdout
+    assert rows[3]["stats"]["new_tokens"] == sum(len(row["tokens"]) for row in rows[:3])
+
+
+def test_prompt_longer_than_context_is_refused(capsys, monkeypatch):
+    from conftest import ByteTokenizer, tiny_config
+    from flax import nnx
+
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(max_seq_len=32), rngs=nnx.Rngs(0))
+    monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
+    assert run(DecodeOptions(quiet=True, prompt="x" * 40, max_new_tokens=4)) == 2
+    assert "exceeds the model's context of 32 tokens" in capsys.readouterr().err

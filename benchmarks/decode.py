@@ -5,6 +5,7 @@ interleaved per repetition and prompt (order reversed on odd repetitions) so CPU
 and report medians. tok/s = new tokens of all rows / wall time of the whole call (tokenize, prefill,
 decode, detokenize; specjax compile time excluded, and every shape is warmed up first). TTFT: specjax's
 stats.ttft_ms; HF: a separate max_new_tokens=1 generate; llama.cpp: time to the first yielded token.
+Decode-only tok/s: tokens after the first / time after the first (HF: wall minus its separate TTFT).
   specjax_<dtype>  specjax.decode.generate.Generator (XLA CPU picks its own thread count)
   hf_t<n>          transformers, weights dequantized to float32, torch.set_num_threads(n)
   lcpp_t<n>        llama-cpp-python, Q4_K_M compute, n_threads=n; batch 1 only (no batched generate API)
@@ -14,6 +15,7 @@ Usage: python benchmarks/decode.py [--reps 3] [--batch 1,8] [--dtype float32,bfl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -26,7 +28,8 @@ from collections import defaultdict
 import numpy as np
 
 PROMPTS = {  # same as the peer reference script, so numbers are comparable
-    "story": "Once upon a time, in a small village at the foot of the mountains, there lived an old clockmaker who",
+    "story": ("Once upon a time, in a small village at the foot of the mountains, there lived an old "
+              "clockmaker who"),
     "facts": "The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",
     "code": ("Here is a Python function:\n\n```python\ndef moving_average(values, window):\n    result = []\n"
              "    for i in range(len(values) - window + 1):\n        chunk = values[i:i + window]\n"
@@ -125,7 +128,8 @@ def hf_setups(folder: str, name: str, threads: list[int], n_new: int) -> dict:
                 tok.batch_decode(new)
                 dt = time.perf_counter() - t
             assert new.shape[1] == n_new, new.shape
-            return {"tok_s": new.numel() / dt, "ttft_ms": ttft * 1e3, "tokens": new[0].tolist()}
+            return {"tok_s": new.numel() / dt, "ttft_ms": ttft * 1e3, "tokens": new[0].tolist(),
+                    "decode_tok_s": (new.numel() - len(prompts)) / max(dt - ttft, 1e-9)}  # estimate
         return run
     return {f"hf_t{th}": make(th) for th in threads}
 
@@ -149,10 +153,24 @@ def lcpp_setups(path: str, threads: list[int], n_new: int) -> dict:
                     break
             llm.detokenize(new)
             dt = time.perf_counter() - t
-            return {"tok_s": len(new) / dt, "ttft_ms": (t1 - t) * 1e3, "tokens": new}
+            return {"tok_s": len(new) / dt, "ttft_ms": (t1 - t) * 1e3, "tokens": new,
+                    "decode_tok_s": (len(new) - 1) / max(t + dt - t1, 1e-9)}
         run.llama = llm
         return run
     return {f"lcpp_t{th}": make(th) for th in threads}
+
+
+def machine_note() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    vers = []
+    for dist in ("jax", "flax", "torch", "transformers", "llama_cpp_python"):
+        with contextlib.suppress(PackageNotFoundError):
+            vers.append(f"{dist} {version(dist)}")
+    return f"{cpu}, {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f} at end; " + ", ".join(vers)
 
 
 def first_divergence(a, b):
@@ -192,7 +210,8 @@ def main() -> None:
         setups[f"specjax_{dt}"] = (specjax_setup(dt, n_new), batches)
     if not args.skip_hf:
         log("loading HF transformers (dequantizes the GGUF to float32)")
-        setups.update({k: (v, batches) for k, v in hf_setups(folder, name, ints(args.hf_threads), n_new).items()})
+        hf = hf_setups(folder, name, ints(args.hf_threads), n_new)
+        setups.update({k: (v, batches) for k, v in hf.items()})
     if not args.skip_llamacpp:
         log("loading llama.cpp")
         setups.update({k: (v, [1]) for k, v in lcpp_setups(path, ints(args.lcpp_threads), n_new).items()})
@@ -227,10 +246,10 @@ def main() -> None:
         by[r["setup"], r["batch"]][r["prompt"], r["rep"]] = r
     summary = {}
     for (s, b), rr in by.items():
-        tps = [r["tok_s"] for r in rr.values()]
+        tps, vs = [r["tok_s"] for r in rr.values()], list(rr.values())
         summary[f"{s}/b{b}"] = {"setup": s, "batch": b, "tok_s": med(tps), "tok_s_min": min(tps),
-                                "tok_s_max": max(tps), "ttft_ms": med([r["ttft_ms"] for r in rr.values()]),
-                                "decode_tok_s": med([r["decode_tok_s"] for r in rr.values() if "decode_tok_s" in r])}
+                                "tok_s_max": max(tps), "ttft_ms": med([r["ttft_ms"] for r in vs]),
+                                "decode_tok_s": med([r["decode_tok_s"] for r in vs])}
     ratios, agree = [], {}
     for (s, b), rr in by.items():
         if not s.startswith("specjax"):
@@ -241,7 +260,8 @@ def main() -> None:
             pairs = [(rr[k], pr[k]) for k in rr if k in pr]
             ratios.append({"specjax": s, "peer": peer, "batch": b, "n": len(pairs),
                            "tok_s_ratio": med([a["tok_s"] / c["tok_s"] for a, c in pairs]),
-                           "ttft_ratio": med([a["ttft_ms"] / c["ttft_ms"] for a, c in pairs])})
+                           "ttft_ratio": med([a["ttft_ms"] / c["ttft_ms"] for a, c in pairs]),
+                           "decode_ratio": med([a["decode_tok_s"] / c["decode_tok_s"] for a, c in pairs])})
             if b == 1:
                 agree[f"{s} vs {peer}"] = {p: first_divergence(rr[p, 0]["tokens"], pr[p, 0]["tokens"])
                                            for p in keys if (p, 0) in rr and (p, 0) in pr}
@@ -249,22 +269,13 @@ def main() -> None:
     floors = [(fmt, nbytes, nbytes / (gb * 1e9) * 1e3) for fmt, nbytes in
               [("float32", n_params * 4), ("bfloat16", n_params * 2), ("Q4_K_M (GGUF tensors)", q_bytes)]]
 
-    versions = {}
-    for mod in ("jax", "flax", "torch", "transformers", "llama_cpp"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except ImportError:
-            pass
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    machine = (f"{cpu}, {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f} at end; "
-               + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    machine = machine_note()
     fmt = lambda x: "n/a" if x != x else f"{x:.1f}"  # NaN-safe
     out = [f"### Greedy decode, Gemma 3 270M, {n_new} new tokens (EOS ignored), {len(keys)} prompts × "
            f"{args.reps} reps, medians — {datetime.date.today().isoformat()}", "",
            f"`python benchmarks/decode.py {' '.join(sys.argv[1:])}`".replace(" `", "`"), "",
            f"Machine: {machine}.", "",
-           "| setup | batch | weights | tok/s (all rows) | min–max | TTFT ms | specjax decode-only tok/s |",
+           "| setup | batch | weights | tok/s (all rows) | min–max | TTFT ms | decode-only tok/s |",
            "|---|---|---|---|---|---|---|"]
     for v in summary.values():
         w = ("Q4_K_M" if v["setup"].startswith("lcpp") else "float32" if v["setup"].startswith("hf")
@@ -272,14 +283,16 @@ def main() -> None:
         out.append(f"| {v['setup']} | {v['batch']} | {w} | {fmt(v['tok_s'])} | {fmt(v['tok_s_min'])}–"
                    f"{fmt(v['tok_s_max'])} | {fmt(v['ttft_ms'])} | {fmt(v['decode_tok_s'])} |")
     if ratios:
-        out += ["", "Paired ratios (median over prompt × rep pairs run back to back):", "",
-                "| specjax | vs | batch | tok/s ratio (>1: specjax faster) | TTFT ratio (<1: specjax faster) |",
-                "|---|---|---|---|---|"]
-        out += [f"| {r['specjax']} | {r['peer']} | {r['batch']} | {r['tok_s_ratio']:.2f} | {r['ttft_ratio']:.2f} |"
-                for r in ratios]
+        out += ["", "Paired ratios specjax/peer (median over prompt × rep pairs run back to back; tok/s: "
+                ">1 = specjax faster, TTFT: <1 = specjax faster):", "",
+                "| specjax | vs | batch | tok/s ratio | decode-only tok/s ratio | TTFT ratio |",
+                "|---|---|---|---|---|---|"]
+        out += [f"| {r['specjax']} | {r['peer']} | {r['batch']} | {r['tok_s_ratio']:.2f} | "
+                f"{r['decode_ratio']:.2f} | {r['ttft_ratio']:.2f} |" for r in ratios]
     out += ["", f"Weight-read floor per decode step (read bandwidth {gb:.1f} GB/s: numpy sum 1 GiB "
             f"{bw['numpy_sum_GBps']} GB/s, torch 2 threads {bw.get('torch_sum_t2_GBps', 'n/a')} GB/s; "
-            f"{n_params:,} parameters); one step serves every row of a batch, so batch b's ceiling is b×:", "",
+            f"{n_params:,} parameters); one step serves every row of a batch, so batch b's ceiling is b×:",
+            "",
             "| weights | bytes/step | floor ms/step | ceiling tok/s (batch 1) |", "|---|---|---|---|"]
     out += [f"| {f} | {n / 1e6:.1f} MB | {ms:.1f} | {1e3 / ms:.1f} |" for f, n, ms in floors]
     if agree:

@@ -161,7 +161,7 @@ class Generator:
             if start == 0:
                 stats.prefill_ms = (first_t - t_call) * 1e3
                 stats.ttft_ms = (first_t - t_start - stats.compile_s) * 1e3
-            for j, p in enumerate(chunk):
+            for j in range(len(chunk)):
                 completions.append(self._completion(prompts[start + j], out, j, cfg))
         t_end = time.perf_counter()
         stats.wall_s = t_end - t_start - stats.compile_s

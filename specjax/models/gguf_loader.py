@@ -75,7 +75,9 @@ def config_from_gguf(reader, path: str | Path = "<gguf>") -> ModelConfig:
     if scaling not in ("none", "linear"):
         raise ModelFileError(f"{path}: rope scaling type {scaling!r} is not supported (none, linear)")
     eos = int(_field(reader, "tokenizer.ggml.eos_token_id", 1))
-    tokens = reader.fields["tokenizer.ggml.tokens"]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ModelFileError(f"{path}: GGUF metadata lacks tokenizer.ggml.tokens (the vocabulary)")
     vocab = len(tokens.data)
     end_of_turn = _find_token(tokens, "<end_of_turn>")
     try:
@@ -94,7 +96,8 @@ def config_from_gguf(reader, path: str | Path = "<gguf>") -> ModelConfig:
             sliding_window=int(need("attention.sliding_window")),
             rope_base_global=float(need("rope.freq_base")),
             rope_base_local=10_000.0,
-            rope_scale_global=float(_field(reader, f"{arch}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+            rope_scale_global=(float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+                               if scaling == "linear" else 1.0),
             query_scale=head_dim**-0.5,
             norm_eps=float(need("attention.layer_norm_rms_epsilon")),
             qk_norm=True,

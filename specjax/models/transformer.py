@@ -141,8 +141,12 @@ class Transformer(nnx.Module):
     def logits(self, hidden_btd: jax.Array) -> jax.Array:
         """Vocabulary logits (float32) for the given hidden states."""
         table_vd = self.embed[...] if self.head is None else self.head[...]
-        logits = jnp.einsum("btd,vd->btv", hidden_btd.astype(table_vd.dtype), table_vd,
-                            preferred_element_type=jnp.float32)
+        b, t, d = hidden_btd.shape
+        # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
+        # einsum over [B, T, D] at one row (docs/performance.md).
+        logits_nv = jax.lax.dot_general(hidden_btd.reshape(b * t, d).astype(table_vd.dtype), table_vd,
+                                        (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        logits = logits_nv.reshape(b, t, -1)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else jnp.tanh(logits / cap) * cap
 

@@ -12,6 +12,7 @@ minutes on two CPU cores, half of it transformers reading the GGUF):
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -40,15 +41,18 @@ UNICODE = ("Café naïve Straße — 日本語のテキスト, русский, �
            "π ≈ 3.14159, e = 2.71828; 1,000,000 + 2024-01-31 = ?\n\t0x1F × 7 = 217")
 
 # Max |Δlogit| allowed between specjax and transformers at any position and vocabulary entry.
-# Measured on this file (float32, CPU): at most 2.7e-5 on the short prompts and 1.9e-4 on the
-# 725-token one; logits reach magnitudes of ~30-50. Both sides dequantize the same Q4_K blocks to
-# float32 and then accumulate float32 roundoff (~1e-7 relative) through 18 layers of 640-2048-wide
-# matmuls, sandwich RMSNorms and a 640-wide logit dot product, in different summation orders, so
-# differences of ~1e-5..1e-4 are expected; 1e-3 leaves 5x headroom over the worst measurement yet is
-# far below any real mistake (a wrong RoPE base, norm offset, mask or window edge moves logits by
-# 0.1-10).
+# Measured (float32, CPU): prose 5.5e-5, code 9.0e-5, chat 3.0e-4 (at position 1, where |logit|
+# reaches 97), unicode 8.0e-5, long (724 tokens) 8.0e-5; |logit| is ~15-100 elsewhere. Both sides
+# dequantize the same Q4_K blocks to float32 and then accumulate float32 roundoff (~1e-7 relative)
+# through 18 layers of 640-2048-wide matmuls, sandwich RMSNorms and a 640-wide logit dot product, in
+# different summation orders: ~3e-6 of the logit magnitude, i.e. up to ~3e-4. 1e-3 leaves 3x
+# headroom over the worst measurement yet catches real mistakes: moving the sliding window by one
+# token changes the long prompt's logits by 0.4-0.65, a norm epsilon of 1e-5 by 16, and even a
+# local RoPE base of 10001 instead of 10000 by 1.0e-3.
 LOGIT_TOL = 1e-3
-CACHE_TOL = 1e-3  # cached vs uncached: same code and dtype, different attention widths / orders.
+# Cached vs uncached, same model: measured 2.0e-5 to 2.6e-5 (softmax over 724 cache slots vs over
+# the block, one-row vs many-row matmuls: same roundoff scale as above).
+CACHE_TOL = 1e-3
 
 
 def long_prompt(tok, min_tokens: int = 700) -> str:
@@ -66,6 +70,16 @@ def long_prompt(tok, min_tokens: int = 700) -> str:
     raise AssertionError("not enough text for the long prompt")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Single-threaded torch: on a small shared CPU, OpenMP workers spinning against JAX's thread
+    pool and other processes made transformers' generate ~10x slower (15 ms per tiny matmul)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def prompts(real_tokenizer) -> dict[str, str]:
     chat = real_tokenizer.apply_chat_template([{"role": "user", "content": CHAT_QUESTION}])
@@ -78,23 +92,26 @@ def prompt_ids(prompts, real_tokenizer) -> dict[str, list[int]]:
     return {name: real_tokenizer.encode(text) for name, text in prompts.items()}
 
 
-def _jit_logits(model):
-    graphdef, state = nnx.split(model)
+@jax.jit(static_argnums=0)
+def _forward_logits(graphdef, state, tokens_bt):
+    # The weights are an argument, not a closure: closed-over arrays become 1 GB of HLO constants
+    # and a 20 s compilation instead of 2 s.
+    m = nnx.merge(graphdef, state)
+    hidden_btd, _ = m(tokens_bt, jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape))
+    return m.logits(hidden_btd)
 
-    @jax.jit
-    def forward(tokens_bt):
-        m = nnx.merge(graphdef, state)
-        t = tokens_bt.shape[1]
-        hidden_btd, _ = m(tokens_bt, jnp.broadcast_to(jnp.arange(t), tokens_bt.shape))
-        return m.logits(hidden_btd)
 
-    return forward
+@jax.jit(static_argnums=0)
+def _cached_step(graphdef, state, tokens_bt, positions_bt, cache, start_b):
+    m = nnx.merge(graphdef, state)
+    hidden_btd, cache = m(tokens_bt, positions_bt, cache, start_b)
+    return m.logits(hidden_btd[:, -1:])[:, 0], cache
 
 
 @pytest.fixture(scope="module")
 def our_logits(real_model, prompt_ids) -> dict[str, np.ndarray]:
     """Uncached float32 logits [T, V] per prompt: the short ones in one right-padded batch."""
-    forward = _jit_logits(real_model)
+    forward = functools.partial(_forward_logits, *nnx.split(real_model))
     short = [name for name in prompt_ids if name != "long"]
     width = max(len(prompt_ids[n]) for n in short)
     batch = np.zeros((len(short), width), np.int32)  # right padding cannot affect causal rows
@@ -136,14 +153,7 @@ def test_logits_match_transformers(name, prompt_ids, our_logits, hf_reference):
 def test_cached_decode_past_the_window_equals_uncached(real_model, prompt_ids, our_logits):
     ids = prompt_ids["long"]
     n, steps = len(ids), 8
-    graphdef, state = nnx.split(real_model)
-
-    @jax.jit
-    def run(tokens_bt, positions_bt, cache, start_b):
-        m = nnx.merge(graphdef, state)
-        hidden_btd, cache = m(tokens_bt, positions_bt, cache, start_b)
-        return m.logits(hidden_btd[:, -1:])[:, 0], cache
-
+    run = functools.partial(_cached_step, *nnx.split(real_model))
     cache = real_model.init_cache(1, n)
     prefix = jnp.asarray([ids[:n - steps]], jnp.int32)
     _, cache = run(prefix, jnp.arange(n - steps)[None], cache, jnp.zeros((1,), jnp.int32))
@@ -155,26 +165,35 @@ def test_cached_decode_past_the_window_equals_uncached(real_model, prompt_ids, o
     assert diff < CACHE_TOL
 
 
-def test_greedy_continuations_match_transformers(real_model, real_tokenizer, prompts, prompt_ids, hf_reference):
+def hf_greedy(hf_model, rows: list[list[int]], n: int, eos: list[int], pad: int) -> list[list[int]]:
+    """`generate(do_sample=False)` on a left-padded batch; each row cut after its first EOS."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.inference_mode():
+        out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                                eos_token_id=eos, pad_token_id=pad)
+    new = out[:, width:].tolist()
+    return [r[:next((i + 1 for i, t in enumerate(r) if t in eos), len(r))] for r in new]
+
+
+def test_greedy_continuations_match_transformers(real_model, real_tokenizer, prompts, prompt_ids,
+                                                 hf_reference):
     hf_model, _ = hf_reference
-    names = ["prose", "code", "chat"]  # ragged: 3 different lengths in one batch
+    names = ["prose", "code", "chat"]  # ragged: three prompt lengths in one batch
     assert len({len(prompt_ids[n]) for n in names}) == 3
     eos = list(real_model.cfg.eos_ids)
     outs, _ = Generator(real_model, real_tokenizer).generate(
         [prompts[n] for n in names], GenerateConfig(max_new_tokens=64, batch_size=3))
-    for name, out in zip(names, outs, strict=True):
-        ids = torch.tensor([prompt_ids[name]])
-        with torch.inference_mode():
-            ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=64,
-                                    eos_token_id=eos, pad_token_id=real_model.cfg.pad_id)
-        ref = ref[0, ids.shape[1]:].tolist()
+    refs = hf_greedy(hf_model, [prompt_ids[n] for n in names], 64, eos, real_model.cfg.pad_id)
+    for name, out, ref in zip(names, outs, refs, strict=True):
         ref_reason = "eos" if ref[-1] in eos else "length"
         ref_tokens = ref[:-1] if ref_reason == "eos" else ref  # specjax's completions leave EOS out
         if out.tokens != ref_tokens:
-            at = next((i for i, (a, b) in enumerate(zip(out.tokens, ref_tokens)) if a != b),
+            at = next((i for i, (a, b) in enumerate(zip(out.tokens, ref_tokens, strict=False)) if a != b),
                       min(len(out.tokens), len(ref_tokens)))
-            top2 = torch.topk(torch.from_numpy(hf_logits(hf_model, prompt_ids[name] + ref[:at])[-1]), 2).values
+            top2 = np.sort(hf_logits(hf_model, prompt_ids[name] + ref[:at])[-1])[-2:]
             pytest.fail(f"{name}: continuation differs at token {at}: ours {out.tokens[at:at + 5]}, "
-                        f"HF {ref[at:at + 5]}; HF top-2 margin there {float(top2[0] - top2[1]):.3g}")
+                        f"HF {ref[at:at + 5]}; HF top-2 margin there {float(top2[1] - top2[0]):.3g}")
         assert out.finish_reason == ref_reason, name
         print(f"\n{name}: {len(ref)} tokens, finish {out.finish_reason}: {out.text!r}")

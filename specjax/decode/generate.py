@@ -202,8 +202,8 @@ class Generator:
         t_end = time.perf_counter()
         self._cache = state.cache
         first_t = loop.CLOCK.t or t_end
-        steps = int(out[3])
-        if steps:
+        steps = int(out[3]) - 1  # loop iterations after the one that sampled the first token
+        if steps > 0:
             stats.ms_per_token = (t_end - first_t) * 1e3 / steps
             stats.decode_tokens_per_s = (int(out[1].sum()) - len(chunk)) / max(t_end - first_t, 1e-9)
         return out, first_t, t_call

@@ -24,11 +24,12 @@ REASON_LENGTH, REASON_EOS, REASON_STOP = 0, 1, 2
 
 @struct.dataclass
 class DecodeState:
-    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b sits at slot pos_b."""
+    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; hidden_b1d is the final hidden
+    state of its latest token (slot pos_b - 1), from which the next token is sampled."""
 
     cache: KVCache
+    hidden_b1d: jax.Array
     out_bn: jax.Array
-    last_b: jax.Array
     pos_b: jax.Array
     count_b: jax.Array
     done_b: jax.Array
@@ -72,8 +73,7 @@ def _emit(state: DecodeState, tok_b, active_b, max_new, eos_ids, stop_tables) ->
         stop_bn = jnp.where(active_b[:, None], new_stop_bn, state.stop_bn)
         reason_b = jnp.where(active_b & hit_b & ~is_eos, REASON_STOP, reason_b)
     done_b = state.done_b | (active_b & (is_eos | hit_b | (count_b >= max_new)))
-    return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b,
-                         stop_bn=stop_bn, last_b=jnp.where(active_b, tok_b, state.last_b))
+    return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b, stop_bn=stop_bn)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",))
@@ -114,18 +114,11 @@ def generate_program(
     hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
     last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
 
-    def pick(hidden_b1d, key):
-        logits_bv = model.logits(hidden_b1d)[:, 0]
-        return sample(logits_bv, key, sampling, temperature, top_p)
-
-    key, sub = jax.random.split(key)
-    first_b = pick(last_hidden_b1d, sub)
-    jax.debug.callback(CLOCK.mark, first_b)
     n_stop = 0 if stop_tables is None else stop_tables.count
     state = DecodeState(
         cache=cache,
+        hidden_b1d=last_hidden_b1d,
         out_bn=jnp.zeros((b, n_out), jnp.int32),
-        last_b=first_b,
         pos_b=len_b.astype(jnp.int32),
         count_b=jnp.zeros((b,), jnp.int32),
         done_b=~active_b,
@@ -134,17 +127,22 @@ def generate_program(
         key=key,
         steps=jnp.zeros((), jnp.int32),
     )
-    state = _emit(state, first_b, active_b, max_new, eos_ids, stop_tables)
 
     def cond(s: DecodeState):
         return ~jnp.all(s.done_b)
 
     def body(s: DecodeState) -> DecodeState:
+        # Sample from the carried hidden state, then run the new token forward. Carrying
+        # hidden (not the token) across iterations keeps the final norm out of the head's
+        # fused one-row product (quant.py): a loop boundary is opaque to XLA fusion.
         active_b = ~s.done_b
-        hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         key, sub = jax.random.split(s.key)
-        tok_b = pick(hidden_b1d, sub)
-        s = s.replace(cache=cache, key=key, steps=s.steps + 1, pos_b=s.pos_b + active_b.astype(jnp.int32))
-        return _emit(s, tok_b, active_b, max_new, eos_ids, stop_tables)
+        tok_b = sample(model.logits(s.hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
+        jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, tok_b), lambda: None)
+        s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables)
+        # One forward after the last token is wasted; skipping it would need a cond around
+        # the cache update, which costs more than it saves.
+        hidden_b1d, cache = model(tok_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
+        return s.replace(cache=cache, hidden_b1d=hidden_b1d, pos_b=s.pos_b + active_b.astype(jnp.int32))
 
     return jax.lax.while_loop(cond, body, state)

@@ -147,6 +147,15 @@ def weights_from_gguf(reader) -> dict[str, np.ndarray]:
     return out
 
 
+def quantized_head_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray] | None:
+    """Arrays of an exact int8 copy of the output head (specjax.models.quant), or None."""
+    from specjax.models.quant import block_quant_from_gguf
+
+    name = "token_embd.weight" if cfg.tie_embeddings else "output.weight"
+    tensor = next((t for t in reader.tensors if t.name == name), None)
+    return None if tensor is None else block_quant_from_gguf(tensor)
+
+
 def tokenizer_fields(reader) -> dict[str, Any]:
     """The tokenizer.ggml.* metadata as plain Python values, for specjax.models.tokenizer."""
     tokens = reader.fields["tokenizer.ggml.tokens"]

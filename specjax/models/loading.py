@@ -23,15 +23,17 @@ from specjax.models.gguf_loader import (
     ModelFileError,
     config_from_gguf,
     open_gguf,
+    quantized_head_from_gguf,
     tokenizer_fields,
     weights_from_gguf,
 )
 from specjax.models.params import build_model
+from specjax.models.quant import BlockQuant
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Transformer
 
 DEFAULT_MODEL = "gemma3-270m"
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "3"
 
 
 def cache_root() -> Path:
@@ -75,6 +77,9 @@ def _convert_gguf(path: Path, target: Path, progress: Callable[[str], None]) -> 
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(tmp / "weights.safetensors"))
+    head = quantized_head_from_gguf(reader, cfg)
+    if head is not None:
+        save_file(head, str(tmp / "head_quant.safetensors"))
     tok.save(tmp / "tokenizer")
     (tmp / "config.json").write_text(config_to_json(cfg))
     tmp.replace(target)  # atomic: a half-written cache is never picked up
@@ -97,6 +102,10 @@ def load_gguf(
     progress("loading cached weights")
     weights: dict[str, np.ndarray] = load_file(str(target / "weights.safetensors"))
     model = build_model(cfg, weights, dtype, source=str(path))
+    head_file = target / "head_quant.safetensors"
+    if dtype == jnp.float32 and head_file.is_file():  # exact copy of the float32 values (not of bf16's)
+        h = load_file(str(head_file))
+        model.head_quant = BlockQuant(h["values"], h["scale"], h.get("offset"))
     return model, Tokenizer.load(target / "tokenizer")
 
 

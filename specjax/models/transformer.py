@@ -9,6 +9,7 @@ from flax import nnx
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
+from specjax.models.quant import BlockQuant
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
@@ -92,6 +93,7 @@ class Transformer(nnx.Module):
         self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
         self.head = None if cfg.tie_embeddings else nnx.Param(
             _init(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, dtype))
+        self.head_quant: BlockQuant | None = nnx.data(None)  # attached by the GGUF loader
 
     def embed_tokens(self, tokens_bt: jax.Array) -> jax.Array:
         x_btd = jnp.take(self.embed[...], tokens_bt, axis=0)
@@ -138,15 +140,22 @@ class Transformer(nnx.Module):
         new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
         return self.final_norm(x_btd), new_cache
 
-    def logits(self, hidden_btd: jax.Array) -> jax.Array:
-        """Vocabulary logits (float32) for the given hidden states."""
-        table_vd = self.embed[...] if self.head is None else self.head[...]
+    def logits(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
+        """Vocabulary logits (float32) for the given hidden states.
+
+        A single row goes through the exact int8 copy of a quantised head when the loader
+        attached one (`quant.py` explains why only then).
+        """
         b, t, d = hidden_btd.shape
-        # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
-        # einsum over [B, T, D] at one row (docs/performance.md).
-        logits_nv = jax.lax.dot_general(hidden_btd.reshape(b * t, d).astype(table_vd.dtype), table_vd,
-                                        (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        logits = logits_nv.reshape(b, t, -1)
+        if self.head_quant is not None and b * t == 1:
+            logits = self.head_quant.matvec(hidden_btd.reshape(1, -1), live).reshape(1, 1, -1)
+        else:
+            table_vd = self.embed[...] if self.head is None else self.head[...]
+            # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
+            # einsum over [B, T, D] at one row (docs/performance.md).
+            logits_nv = jax.lax.dot_general(hidden_btd.reshape(b * t, d).astype(table_vd.dtype), table_vd,
+                                            (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            logits = logits_nv.reshape(b, t, -1)
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else jnp.tanh(logits / cap) * cap
 

@@ -1,0 +1,120 @@
+"""An exact int8 copy of a GGUF-quantised output head, for one-row products on CPU.
+
+At batch 1 a decode step is bound by reading weights, and Gemma 3 270M's tied
+262,144 × 640 head is 62.6% of them: 671 MB per step in float32. GGUF stores it as Q8_0
+(int8 values, one float16 scale per 32); the other formats of the embedded file (Q5_0,
+Q4_K, Q6_K) likewise hold, per block of 16 or 32 weights, small integers q with
+w = a·q (− b). Kept as int8 q plus float32 a (and b) the head costs ~190 MB per step, and
+XLA:CPU fuses the int8 → float32 conversion into a 2-D [1, D] @ [V, D]ᵀ product: one
+loop fusion, nothing materialised (27.7 vs 44.4 ms per step, docs/performance.md).
+
+Only the head uses it, and only for a single row. Multi-row products (prefill, batches,
+verification) make XLA materialise the converted matrix, and for the decoder's own
+linear maps the fused loop recomputes the producer (RMSNorm, GeGLU) per output element,
+which made the body slower, not faster. Both paths hold bit-identical weights —
+conversion checks it against the gguf package's dequantisation and keeps float32 only
+otherwise — so the choice changes nothing but the order of a dot product's additions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+class QuantBuffer(nnx.Variable):
+    """Derived, never-trained state (not matched by nnx.Param filters)."""
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _affine_params(qtype_name: str, blocks: np.ndarray) -> tuple[int, np.ndarray, np.ndarray | None] | None:
+    """(block size, scale [n, sub], offset [n, sub] or None) of GGUF blocks [n, bytes]."""
+    import gguf
+
+    if qtype_name in ("Q8_0", "Q5_0"):
+        return 32, _f16(blocks[:, None, 0:2]), None
+    if qtype_name == "Q4_K":
+        sc, mn = gguf.quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+        d, dmin = _f16(blocks[:, None, 0:2]), _f16(blocks[:, None, 2:4])
+        # gguf computes (d·sc)·q − dmin·m: the same float32 operations as `dequantized`.
+        return 32, d * sc.astype(np.float32), dmin * mn.astype(np.float32)
+    if qtype_name == "Q6_K":
+        scales = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+        return 16, _f16(blocks[:, None, 208:210]) * scales, None
+    return None
+
+
+class BlockQuant(nnx.Module):
+    """int8 values [out, in] with a float32 scale (and offset) per block along `in`."""
+
+    def __init__(self, values_oi, scale_ob, offset_ob=None):
+        self.values = QuantBuffer(jnp.asarray(values_oi, jnp.int8))
+        self.scale = QuantBuffer(jnp.asarray(scale_ob, jnp.float32))
+        self.offset = None if offset_ob is None else QuantBuffer(jnp.asarray(offset_ob, jnp.float32))
+
+    def dequantized(self, live: jax.Array | None = None) -> jax.Array:
+        o, i = self.values.shape
+        nb = self.scale.shape[1]
+        values = self.values[...]
+        if live is not None:
+            # A no-op XLA cannot prove: inside a loop it ties the int8 → float32 conversion to
+            # the loop variable, so loop-invariant code motion cannot hoist a float32 copy.
+            values = jnp.where(live >= 0, values, jnp.int8(0))
+        q = values.reshape(o, nb, i // nb).astype(jnp.float32)
+        w = q * self.scale[...][:, :, None]
+        if self.offset is not None:
+            w = w - self.offset[...][:, :, None]
+        return w.reshape(o, i)
+
+    def matvec(self, x_1i: jax.Array, live: jax.Array | None = None) -> jax.Array:
+        """[1, in] → [1, out]. Kept 2-D: that is the form XLA fuses (see module doc).
+
+        XLA also fuses x's producer into the product's loop, recomputing it per output
+        element; callers pass x across a loop boundary (the decode loop carries the hidden
+        state) so that it arrives computed. `live`: see `dequantized`.
+        """
+        return x_1i.astype(jnp.float32) @ self.dequantized(live).T
+
+
+def block_quant_from_gguf(tensor) -> dict[str, np.ndarray] | None:
+    """Arrays of an exact BlockQuant for a gguf ReaderTensor, or None (format not covered).
+
+    The integers are recovered as round((w − b) / a) from the gguf package's float32
+    dequantisation and kept only if they reproduce it bit for bit.
+    """
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType(tensor.tensor_type).name
+    raw = np.asarray(tensor.data)
+    if raw.dtype != np.uint8:
+        return None
+    block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor.tensor_type)]
+    out_dim = raw.shape[0]
+    in_dim = raw.shape[1] // type_size * block_size
+    params = _affine_params(qtype, raw.reshape(-1, type_size))
+    if params is None:
+        return None
+    sub, a, b = params
+    w = np.asarray(gguf.quants.dequantize(raw, tensor.tensor_type), np.float32).reshape(out_dim, in_dim // sub, sub)
+    a = a.reshape(out_dim, in_dim // sub)
+    b = None if b is None else b.reshape(out_dim, in_dim // sub)
+    num = w if b is None else w + b[:, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(a[:, :, None] == 0, 0, np.rint(num / a[:, :, None]))
+    if np.abs(q).max() > 127:
+        return None
+    q = q.astype(np.int8)
+    back = q.astype(np.float32) * a[:, :, None]
+    if b is not None:
+        back = back - b[:, :, None]
+    if not np.array_equal(back, w):
+        return None
+    arrays = {"values": q.reshape(out_dim, in_dim), "scale": a}
+    if b is not None:
+        arrays["offset"] = b
+    return arrays

@@ -1,0 +1,60 @@
+"""Exact int8 copies of GGUF-quantised weights."""
+
+import gguf
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.models.quant import BlockQuant, block_quant_from_gguf
+
+
+class FakeTensor:
+    def __init__(self, w_oi: np.ndarray, qtype):
+        self.tensor_type = qtype
+        self.data = gguf.quants.quantize(w_oi, qtype)
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q5_0])
+def test_int8_copy_reproduces_gguf_dequantisation_bit_for_bit(qtype):
+    w = np.random.default_rng(0).standard_normal((24, 64)).astype(np.float32)
+    t = FakeTensor(w, qtype)
+    arrays = block_quant_from_gguf(t)
+    assert arrays is not None and arrays["values"].dtype == np.int8
+    bq = BlockQuant(arrays["values"], arrays["scale"], arrays.get("offset"))
+    np.testing.assert_array_equal(np.asarray(bq.dequantized()), gguf.quants.dequantize(t.data, qtype))
+
+
+def test_unsupported_formats_are_left_in_float32():
+    t = FakeTensor(np.ones((4, 32), np.float32), gguf.GGMLQuantizationType.F16)
+    assert block_quant_from_gguf(t) is None
+
+
+def test_head_uses_the_copy_for_one_row_only_and_agrees(tiny_model):
+    from specjax.models.params import build_model, model_weights
+
+    weights = model_weights(tiny_model)
+    t = FakeTensor(weights["embed"], gguf.GGMLQuantizationType.Q8_0)
+    weights["embed"] = gguf.quants.dequantize(t.data, t.tensor_type)
+    model = build_model(tiny_model.cfg, weights)
+    h = jnp.asarray(np.random.default_rng(2).standard_normal((3, 1, 32)), jnp.float32)
+    ref_one, ref_many = model.logits(h[:1]), model.logits(h)
+    arrays = block_quant_from_gguf(t)
+    model.head_quant = BlockQuant(arrays["values"], arrays["scale"])
+    np.testing.assert_allclose(model.logits(h[:1]), ref_one, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(model.logits(h[:1], live=jnp.int32(3)), ref_one, rtol=1e-6, atol=1e-5)
+    np.testing.assert_array_equal(model.logits(h), ref_many)  # several rows: the float32 table
+
+
+@pytest.mark.real_model
+def test_every_quantised_tensor_of_the_embedded_model_is_covered():
+    """The head is what is used; every format of the file being covered keeps it general."""
+    from specjax.models.gguf_loader import open_gguf
+    from specjax.models.loading import default_model_path
+
+    reader = open_gguf(default_model_path())
+    quantised = [t for t in reader.tensors if t.tensor_type != gguf.GGMLQuantizationType.F32]
+    kinds = {gguf.GGMLQuantizationType(t.tensor_type).name for t in quantised}
+    assert kinds == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    for t in quantised:
+        arrays = block_quant_from_gguf(t)
+        assert arrays is not None, t.name

@@ -1,8 +1,8 @@
 """The on-device generation program: prefill and the token loop in one jitted function.
 
 Everything per token happens inside a `lax.while_loop` over a `DecodeState` pytree:
-forward one token per row, sample, check EOS / stop strings / length, advance. The host
-sees the program once per batch. The KV cache is passed in and donated, so XLA updates
+sample each row's next token from the carried hidden state, check EOS / stop strings /
+length, run the token forward. The host sees the program once per batch. The KV cache is passed in and donated, so XLA updates
 it in place and the caller reuses the same buffer for the next batch.
 """
 
@@ -42,9 +42,9 @@ class DecodeState:
 class FirstTokenClock:
     """Host timestamp of the first sampled token, recorded by a one-off debug callback.
 
-    The callback fires once per generate call (after prefill), never per token, so it
-    costs nothing on the hot path and lets us report time-to-first-token for a program
-    that runs prefill and decode as one executable.
+    The callback sits under a `lax.cond` on the loop counter, so it fires once per
+    generate call (first iteration), never per token; it lets us report time to first
+    token for a program that runs prefill and decode as one executable.
     """
 
     def __init__(self) -> None:

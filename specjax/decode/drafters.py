@@ -1,0 +1,125 @@
+"""Drafters: cheap proposals of the next k tokens, checked later by one target forward.
+
+A drafter is called inside the jitted speculative loop (`speculative.py`) once per round.
+It reads the loop state and returns a `Draft`: k token ids per row, how many of them are
+real proposals (0 means "no idea": that row falls back to plain decoding this round), and
+optionally the draft distribution q each token was sampled from. Deterministic drafters
+(n-gram lookup) return q = None, which verification treats as a point mass on the token.
+
+The interface is deliberately small; a draft model will also need a carried state (its own
+KV cache), which is not part of this first increment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Draft:
+    """k proposed tokens per row.
+
+    Attributes:
+      tokens_bk: proposed ids [B, k]; entries at or beyond len_b are placeholders (they are
+        still run through the target, whose block shape is static, but never accepted).
+      len_b: number of real proposals per row, 0..k.
+      q_probs_bkv: draft distribution [B, k, V] the tokens were sampled from, or None for a
+        deterministic draft (a point mass on each token).
+    """
+
+    tokens_bk: jax.Array
+    len_b: jax.Array
+    q_probs_bkv: jax.Array | None = None
+
+
+class Drafter(Protocol):
+    """What the speculative loop needs from a drafter (hashable: it is a static jit argument).
+
+    `propose` receives the loop state; a drafter may read `state.hist_bl` (token history:
+    prompt then generated tokens, [B, L], entries past the row's length are stale) and
+    `state.hist_len_b` (tokens of history per row; the last one is the token the next
+    target forward starts from).
+    """
+
+    def propose(self, state, k: int) -> Draft: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramDrafter:
+    """Prompt lookup: continue the most recent earlier occurrence of the history's tail.
+
+    Attributes:
+      max_ngram: longest tail tried first; shorter tails down to min_ngram are fallbacks
+        (a longer match is a more specific context, so it is preferred over a more recent
+        shorter one).
+      min_ngram: shortest tail that counts as a match.
+    """
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+
+    def propose(self, state, k: int) -> Draft:
+        return ngram_propose(state.hist_bl, state.hist_len_b, k, self.max_ngram, self.min_ngram)
+
+
+def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
+    """Index j of the last token of the latest earlier occurrence of each row's last n tokens.
+
+    "Earlier" means j <= len - 2, so at least one known token follows the occurrence. -1
+    where there is none.
+    """
+    b, l = hist_bl.shape
+    j_l = jnp.arange(l)
+    tail_idx_bn = jnp.clip(len_b[:, None] - n + jnp.arange(n), 0, l - 1)
+    tail_bn = jnp.take_along_axis(hist_bl, tail_idx_bn, axis=1)
+    # Candidate ends j in [n-1, len-2]; the range is empty unless len >= n + 1, which also
+    # keeps the (clipped) tail read above from mattering for too-short histories.
+    match_bl = (j_l[None, :] >= n - 1) & (j_l[None, :] <= len_b[:, None] - 2)
+    for m in range(n):
+        # hist[j - m] must equal the tail's m-th token from the end: compare the history
+        # shifted right by m against one tail token (a static loop of n full-width compares).
+        shifted_bl = jnp.pad(hist_bl, ((0, 0), (m, 0)))[:, :l]
+        match_bl = match_bl & (shifted_bl == tail_bn[:, n - 1 - m : n - m])
+    return jnp.max(jnp.where(match_bl, j_l[None, :], -1), axis=1)
+
+
+def ngram_propose(hist_bl: jax.Array, len_b: jax.Array, k: int, max_ngram: int = 3, min_ngram: int = 1) -> Draft:
+    """Prompt-lookup draft of k tokens per row, vectorised over the batch and the history.
+
+    For n = max_ngram … min_ngram, the first n whose tail hist[len-n:len] occurred earlier
+    wins, at its most recent occurrence ending at j; the draft is the tokens that followed,
+    hist[j+1], hist[j+2], …. When the continuation runs into the present (j + k >= len) the
+    match says the text is periodic with period len-1-j, so the draft keeps cycling through
+    hist[j+1 : len] — e.g. "abcab" drafts "cabca", which is what repetitive text does next.
+
+    Args:
+      hist_bl: token history [B, L]; only hist[b, :len_b[b]] is read.
+      len_b: history length per row (>= 1).
+      k: tokens to propose (static).
+
+    Returns:
+      Draft with len_b = k where a tail matched, else 0 (tokens then repeat the last token).
+    """
+    l = hist_bl.shape[1]
+    found_b = jnp.zeros(len_b.shape, bool)
+    end_b = jnp.zeros(len_b.shape, jnp.int32)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        j_b = _last_match_end(hist_bl, len_b, n)
+        take_b = (j_b >= 0) & ~found_b
+        end_b = jnp.where(take_b, j_b, end_b)
+        found_b = found_b | take_b
+    period_b = jnp.maximum(len_b - 1 - end_b, 1)
+    idx_bk = end_b[:, None] + 1 + jnp.arange(k)[None, :] % period_b[:, None]
+    tokens_bk = jnp.take_along_axis(hist_bl, jnp.clip(idx_bk, 0, l - 1), axis=1)
+    last_b1 = jnp.take_along_axis(hist_bl, jnp.clip(len_b - 1, 0, l - 1)[:, None], axis=1)
+    tokens_bk = jnp.where(found_b[:, None], tokens_bk, last_b1)
+    return Draft(tokens_bk=tokens_bk.astype(jnp.int32), len_b=jnp.where(found_b, k, 0).astype(jnp.int32))

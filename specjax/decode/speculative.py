@@ -1,0 +1,313 @@
+"""Speculative decoding: draft k tokens, check them with one target forward, all on device.
+
+The program mirrors `loop.generate_program`: prefill the prompts and sample the first
+token, then a `lax.while_loop` whose every iteration (a "round") is, for all rows at once:
+
+  1. the drafter proposes k tokens from the row's token history (`drafters.py`);
+  2. ONE target forward over the block [last, d_1 … d_k] at positions pos … pos+k,
+     writing its keys/values at cache slots pos … pos+k;
+  3. chain verification (`verify.py`) → accepted_b in 0..k and accepted_b + 1 tokens;
+  4. the tokens are emitted one by one through `loop._emit` (EOS, stop strings and the
+     length limit end a row mid-block; the rest of the block is discarded) and the row's
+     position advances by the number emitted.
+
+Rollback after a rejection costs nothing: slots of rejected drafts hold stale keys/values
+at positions the row has not committed, which the attention masks never show, and the
+next round overwrites them. Rows accept different amounts (ragged), each with its own pos_b.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from specjax.decode import loop
+from specjax.decode import stops as stops_lib
+from specjax.decode.drafters import Drafter, NgramDrafter
+from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats, bucket
+from specjax.decode.sampling import SamplingConfig, sample
+from specjax.decode.verify import greedy_verify, sampling_verify
+from specjax.models.kv_cache import KVCache
+
+
+@struct.dataclass
+class SpecState:
+    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b is its latest token, at
+    position pos_b (its keys/values are not in the cache yet: the next round's block starts
+    with it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
+
+    Statistics: rounds_b counts target forwards in which the row was live; drafted_bk /
+    accepted_bk count, per draft position, the rounds that proposed / accepted a token there.
+    """
+
+    cache: KVCache
+    hist_bl: jax.Array
+    last_b: jax.Array
+    out_bn: jax.Array
+    pos_b: jax.Array
+    count_b: jax.Array
+    done_b: jax.Array
+    reason_b: jax.Array
+    stop_bn: jax.Array
+    key: jax.Array
+    steps: jax.Array
+    rounds_b: jax.Array
+    drafted_bk: jax.Array
+    accepted_bk: jax.Array
+
+    @property
+    def hist_len_b(self) -> jax.Array:
+        return self.pos_b + 1
+
+
+def _commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecState:
+    """Emits tokens_bt[b, :n_b[b]] per live row, stopping a row at EOS / stop / length.
+
+    A static loop over the block with masks: `_emit` marks a row done on the token that
+    ends it, and later tokens of the block are then masked out — which is how an EOS
+    inside an accepted run truncates it, and how max_new_tokens is never exceeded.
+    """
+    b, t = tokens_bt.shape
+    live_b = ~s.done_b
+    count0_b = s.count_b
+    for i in range(t):
+        emit_b = ~s.done_b & (i < n_b)
+        # Token i of the round sits at position pos + 1 + i of the history.
+        col_b = jnp.where(emit_b, s.pos_b + 1 + i, s.hist_bl.shape[1])
+        s = s.replace(hist_bl=s.hist_bl.at[jnp.arange(b), col_b].set(tokens_bt[:, i], mode="drop"))
+        s = loop._emit(s, tokens_bt[:, i], emit_b, max_new, eos_ids, stop_tables)
+    emitted_b = s.count_b - count0_b
+    last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(emitted_b - 1, 0)[:, None], axis=1)[:, 0]
+    return s.replace(pos_b=s.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, s.last_b))
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter"), donate_argnames=("cache",))
+def speculative_program(
+    graphdef,
+    params,
+    cache: KVCache,
+    prompt_bt: jax.Array,
+    len_b: jax.Array,
+    active_b: jax.Array,
+    max_new: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    stop_tables: stops_lib.StopTables | None,
+    *,
+    sampling: SamplingConfig,
+    n_out: int,
+    eos_ids: tuple[int, ...],
+    k: int,
+    drafter: Drafter,
+) -> SpecState:
+    """Prefills right-padded prompts, then runs speculative rounds until every row is done.
+
+    Arguments are those of `loop.generate_program`, plus the static draft length k (>= 1)
+    and drafter. The cache needs at least T + n_out + k slots: a row's last round may write
+    drafted positions up to k past its final token (written, never committed).
+
+    Returns:
+      SpecState after the loop (its cache is the donated buffer, updated in place).
+    """
+    model = nnx.merge(graphdef, params)
+    b, t = prompt_bt.shape
+    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
+    last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
+    key, sub = jax.random.split(key)
+    # The first token comes from the prefill, exactly as in the plain loop.
+    first_b = sample(model.logits(last_hidden_b1d)[:, 0], sub, sampling, temperature, top_p)
+    jax.debug.callback(loop.CLOCK.mark, first_b)
+
+    n_stop = 0 if stop_tables is None else stop_tables.count
+    hist_bl = jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt)
+    state = SpecState(
+        cache=cache,
+        hist_bl=hist_bl,
+        last_b=first_b,
+        out_bn=jnp.zeros((b, n_out), jnp.int32),
+        pos_b=len_b.astype(jnp.int32) - 1,  # _commit advances it to the first token's position
+        count_b=jnp.zeros((b,), jnp.int32),
+        done_b=~active_b,
+        reason_b=jnp.full((b,), loop.REASON_LENGTH, jnp.int32),
+        stop_bn=jnp.zeros((b, n_stop), jnp.int32),
+        key=key,
+        steps=jnp.zeros((), jnp.int32),
+        rounds_b=jnp.zeros((b,), jnp.int32),
+        drafted_bk=jnp.zeros((b, k), jnp.int32),
+        accepted_bk=jnp.zeros((b, k), jnp.int32),
+    )
+    state = _commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
+    static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
+
+    def cond(s: SpecState):
+        return ~jnp.all(s.done_b)
+
+    def body(s: SpecState) -> SpecState:
+        live_b = ~s.done_b
+        draft = drafter.propose(s, k)
+        block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
+        positions_bt = s.pos_b[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+        # Finished rows still ride along (static shapes); their writes land on slots they
+        # will never read, within the cache because their pos_b stopped advancing.
+        hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
+        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
+        key, sub = jax.random.split(s.key)
+        if sampling.greedy:
+            accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
+        else:
+            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, sub, temperature,
+                                                    sampling.top_k, static_top_p, draft.q_probs_bkv)
+        i_k = jnp.arange(k)[None, :]
+        live_b1 = live_b[:, None]
+        s = s.replace(
+            cache=cache, key=key, steps=s.steps + 1,
+            rounds_b=s.rounds_b + live_b.astype(jnp.int32),
+            drafted_bk=s.drafted_bk + (live_b1 & (i_k < draft.len_b[:, None])).astype(jnp.int32),
+            accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
+        )
+        return _commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
+
+    return jax.lax.while_loop(cond, body, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecConfig:
+    """Speculation options (all static: changing one compiles a new program).
+
+    Attributes:
+      k: tokens drafted per round (the target forward covers k + 1 positions).
+      max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
+    """
+
+    k: int = 4
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            raise GenerationError(f"k must be a positive integer, got {self.k!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise GenerationError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+
+    def drafter(self) -> Drafter:
+        return NgramDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+
+
+@dataclasses.dataclass
+class SpecStats(Stats):
+    """`Stats` plus speculation counters (summed over all rows of all batches).
+
+    tau: tokens per target forward in the decode rounds, COUNTING the correction/bonus
+      token each round emits — plain decoding has tau = 1, and k-token drafts at most k + 1.
+      The prefill forward and the first token it samples are left out of both counts.
+    rounds: target forwards of the decode rounds, summed over rows (a row's count stops
+      when it finishes, even though finished rows ride along in a batch).
+    acceptance_by_position: for draft position i, the fraction of rounds that proposed a
+      token there in which it was accepted (a chain: position i needs all before it).
+    draft_rate: fraction of rounds in which the drafter proposed anything.
+    ms_per_round: mean time of one loop iteration (one target forward for the batch).
+    """
+
+    k: int = 0
+    rounds: int = 0
+    tau: float = 0.0
+    acceptance_by_position: tuple[float, ...] = ()
+    draft_rate: float = 0.0
+    ms_per_round: float = 0.0
+
+    def line(self) -> str:
+        acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_position)
+        return (super().line() + f"; speculative k={self.k}: tau {self.tau:.2f} tokens/forward over "
+                f"{self.rounds} rounds, acceptance by position [{acc}], drafted in {self.draft_rate:.0%}")
+
+
+class SpeculativeGenerator(Generator):
+    """`Generator` whose batches run `speculative_program` with an n-gram drafter.
+
+    Example:
+      >>> gen = SpeculativeGenerator(model, tokenizer)
+      >>> completions, stats = gen.generate(["Hello"], GenerateConfig(max_new_tokens=32), SpecConfig(k=4))
+      >>> stats.tau, stats.acceptance_by_position
+    """
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        cfg: GenerateConfig = GenerateConfig(),
+        spec: SpecConfig = SpecConfig(),
+        progress: Callable[[str], None] = lambda s: None,
+    ) -> tuple[list[Completion], SpecStats]:
+        """Like `Generator.generate` (same completions, tokenisation, batching and errors)."""
+        self._spec = spec
+        self._tally = np.zeros((3, spec.k), np.int64)  # rounds (col 0) / drafted / accepted by position
+        self._decode_tokens = 0
+        completions, base = super().generate(prompts, cfg, progress)
+        rounds, drafted_k, accepted_k = int(self._tally[0, 0]), self._tally[1], self._tally[2]
+        return completions, SpecStats(
+            **dataclasses.asdict(base), k=spec.k, rounds=rounds,
+            tau=self._decode_tokens / max(rounds, 1),
+            acceptance_by_position=tuple(float(a / max(d, 1)) for a, d in zip(accepted_k, drafted_k, strict=True)),
+            draft_rate=float(drafted_k[0] / max(rounds, 1)),
+            ms_per_round=self._ms_per_round,
+        )
+
+    def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
+        spec: SpecConfig = self._spec
+        b = cfg.batch_size
+        t = bucket(max(len(p) for p in chunk))
+        n_out = bucket(cfg.max_new_tokens)
+        prompt_bt = np.full((b, t), self.model.cfg.pad_id, np.int32)
+        len_b = np.ones((b,), np.int32)
+        for j, p in enumerate(chunk):
+            prompt_bt[j, :len(p)] = p
+            len_b[j] = len(p)
+        active_b = np.arange(b) < len(chunk)
+        s = cfg.sampling
+        static_sampling = SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
+                                         top_p=1.0 if s.top_p >= 1.0 else 0.5)
+        eos = () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)
+        drafter = spec.drafter()
+        shape_key = ("spec", b, t, n_out, spec.k, drafter, static_sampling, eos,
+                     None if stops is None else stops.next_state.shape)
+        cache = self._take_cache(b, t + n_out + spec.k)
+        args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
+                jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
+                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
+        if shape_key not in self._programs:
+            progress(f"compiling speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens")
+            t0 = time.perf_counter()
+            self._programs[shape_key] = speculative_program.lower(
+                self.graphdef, *args, sampling=static_sampling, n_out=n_out, eos_ids=eos, k=spec.k,
+                drafter=drafter).compile()
+            stats.compiled += 1
+            stats.compile_s += time.perf_counter() - t0
+        loop.CLOCK.t = None
+        t_call = time.perf_counter()
+        state = self._programs[shape_key](*args)
+        out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
+                              state.drafted_bk, state.accepted_bk))
+        t_end = time.perf_counter()
+        self._cache = state.cache
+        first_t = loop.CLOCK.t or t_end
+        out_bn, count_b, reason_b, steps, rounds_b, drafted_bk, accepted_bk = out
+        decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())
+        self._decode_tokens += decode_tokens
+        self._tally[0] += int(rounds_b.sum())
+        self._tally[1] += drafted_bk.sum(axis=0)
+        self._tally[2] += accepted_bk.sum(axis=0)
+        self._ms_per_round = (t_end - first_t) * 1e3 / max(int(steps), 1)
+        if decode_tokens > 0:
+            # Per row, like the plain loop's ms/step: decode time over tokens per row.
+            stats.ms_per_token = (t_end - first_t) * 1e3 * len(chunk) / decode_tokens
+            stats.decode_tokens_per_s = decode_tokens / max(t_end - first_t, 1e-9)
+        return (out_bn, count_b, reason_b, steps), first_t, t_call

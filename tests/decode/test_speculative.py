@@ -1,0 +1,164 @@
+"""The speculative program end to end on tiny models.
+
+Two models:
+  * the random tiny model of conftest: greedy speculative decoding must reproduce the plain
+    `Generator` token for token (its continuations repeat tokens, so n-gram drafts get
+    accepted, but any new token comes as a correction);
+  * a "bigram" model — the same architecture with attention and MLP outputs zeroed and a
+    head built so that the next token is PERM[current token]. Its continuations are known
+    exactly and cycle through the prompt, so drafts are accepted whole: this is how EOS,
+    max_new_tokens and stop strings are made to land strictly inside an accepted block.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ByteTokenizer, tiny_config
+from flax import nnx
+
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.sampling import SamplingConfig
+from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.models.params import build_model, model_weights
+from specjax.models.transformer import Transformer
+
+PROMPTS = ["abcabcabcabc", "hello hello", "xyz", "the cat the cat"]  # one prompt bucket (16)
+K = 4
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    return Generator(tiny_model, ByteTokenizer())
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_model):
+    return SpeculativeGenerator(tiny_model, ByteTokenizer())
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_equals_plain_greedy(plain, spec, batch_size):
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=batch_size, ignore_eos=True)
+    ref, _ = plain.generate(PROMPTS, cfg)
+    out, stats = spec.generate(PROMPTS, cfg, SpecConfig(k=K))
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    assert all(o.finish_reason == "length" for o in out)
+    # Drafts were accepted: fewer target forwards than tokens.
+    assert stats.new_tokens == 16 * len(PROMPTS) and stats.tau > 1.5, stats.line()
+    assert stats.rounds < 15 * len(PROMPTS)
+    assert len(stats.acceptance_by_position) == K and 0 < stats.acceptance_by_position[0] <= 1
+    assert all(a >= b for a, b in zip(stats.acceptance_by_position, stats.acceptance_by_position[1:]))
+    assert "tau" in stats.line() and stats.tokens_per_s > 0
+
+
+def test_no_recompilation_for_same_shapes(spec):
+    cfg = GenerateConfig(max_new_tokens=9, batch_size=3, ignore_eos=True)  # same buckets as above
+    spec.generate(PROMPTS, cfg, SpecConfig(k=K))
+    before = len(spec._programs)
+    _, stats = spec.generate(["abab", "q"], cfg, SpecConfig(k=K))
+    assert stats.compiled == 0 and len(spec._programs) == before
+
+
+def test_sampling_top_k_1_is_greedy_and_seeded_sampling_is_deterministic(plain, spec):
+    greedy, _ = plain.generate(PROMPTS, GenerateConfig(max_new_tokens=12, batch_size=3, ignore_eos=True))
+    top1 = GenerateConfig(max_new_tokens=12, batch_size=3, ignore_eos=True,
+                          sampling=SamplingConfig(temperature=1.0, top_k=1, seed=3))
+    out, _ = spec.generate(PROMPTS, top1, SpecConfig(k=K))
+    assert [o.tokens for o in out] == [g.tokens for g in greedy]
+    hot = GenerateConfig(max_new_tokens=12, batch_size=3, ignore_eos=True,
+                         sampling=SamplingConfig(temperature=1.5, seed=11))
+    a, _ = spec.generate(PROMPTS, hot, SpecConfig(k=K))
+    b, _ = spec.generate(PROMPTS, hot, SpecConfig(k=K))
+    assert [o.tokens for o in a] == [o.tokens for o in b]
+    assert [o.tokens for o in a] != [g.tokens for g in greedy]  # it did sample
+
+
+# ------------------------------------------------------------------------------------ bigram model
+TOK = ByteTokenizer()
+CYCLES = ["abcde", "fgh", "ijklmnop"]
+BIGRAM_PROMPTS = ["abcdeabcdeab", "fghfghf", "ijklmnopijk"]
+
+
+def _perm() -> np.ndarray:
+    perm = np.arange(64)
+    for cycle in CYCLES:
+        ids = TOK.encode(cycle, add_bos=False)
+        perm[ids] = np.roll(ids, -1)
+    return perm
+
+
+PERM = _perm()
+
+
+def oracle(prompt: str, n: int) -> list[int]:
+    tok, out = TOK.encode(prompt)[-1], []
+    for _ in range(n):
+        tok = int(PERM[tok])
+        out.append(tok)
+    return out
+
+
+def bigram_model(eos: int) -> Transformer:
+    """Next token = PERM[token]: zeroed attention/MLP outputs leave hidden = f(token), and head
+    row PERM[x] is x's unit hidden state, so the logits peak exactly there (Cauchy-Schwarz)."""
+    cfg = tiny_config(tie_embeddings=False, eos_ids=(eos,))
+    w = model_weights(Transformer(cfg, rngs=nnx.Rngs(1)))
+    for name in w:
+        if name.endswith(("attn.o.w", "mlp.down.w")):
+            w[name] = np.zeros_like(w[name])
+    model = build_model(cfg, w)
+    hidden_vd = np.asarray(model(jnp.arange(64)[:, None], jnp.zeros((64, 1), jnp.int32))[0][:, 0])
+    head = np.zeros_like(w["head"])
+    head[PERM] = hidden_vd / np.linalg.norm(hidden_vd, axis=1, keepdims=True)
+    model = build_model(cfg, {**w, "head": head})
+    next_v = np.asarray(jnp.argmax(model.logits(model(jnp.arange(64)[:, None], jnp.zeros((64, 1), jnp.int32))[0]), -1))
+    assert (next_v[:, 0] == PERM).all(), "the bigram construction failed"
+    return model
+
+
+EOS = TOK.encode("e", add_bos=False)[0]
+
+
+@pytest.fixture(scope="module")
+def bigram():
+    return SpeculativeGenerator(bigram_model(EOS), TOK)
+
+
+def test_eos_inside_an_accepted_block_truncates_it(bigram):
+    # Row 0 continues c | d e a b c | …: the prefill gives c, round 1 accepts all four drafts
+    # d e a b plus the bonus c, and EOS (e) is the second token of that block.
+    out, stats = bigram.generate(BIGRAM_PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=3), SpecConfig(k=K))
+    assert out[0].finish_reason == "eos" and out[0].tokens == oracle(BIGRAM_PROMPTS[0], 2)  # EOS itself dropped
+    for p, o in zip(BIGRAM_PROMPTS[1:], out[1:], strict=True):  # rows without EOS run to the limit
+        assert o.finish_reason == "length" and o.tokens == oracle(p, 16)
+    # Every draft accepted: (2 + 15 + 15) decode tokens in 1 + 3 + 3 rounds (the last ones truncated).
+    assert stats.acceptance_by_position == (1.0,) * K
+    assert stats.rounds == 7 and stats.tau == pytest.approx(32 / 7)
+
+
+@pytest.mark.parametrize("max_new", [1, 3, 7])
+def test_max_new_tokens_cuts_inside_a_block(bigram, max_new):
+    # Blocks of rows 1 and 2 are [1, 5, 5, …] tokens long: 3 and 7 end mid-block, 1 at the prefill.
+    out, _ = bigram.generate(BIGRAM_PROMPTS[1:], GenerateConfig(max_new_tokens=max_new, batch_size=3),
+                             SpecConfig(k=K))
+    for p, o in zip(BIGRAM_PROMPTS[1:], out, strict=True):
+        assert o.tokens == oracle(p, max_new) and o.finish_reason == "length"
+
+
+def test_stop_string_inside_a_block(bigram):
+    ref = oracle(BIGRAM_PROMPTS[2], 12)  # l m n o p | i j k l m | …
+    text = TOK.decode(ref)
+    stop = text[2:4]  # the 3rd and 4th tokens, both accepted drafts of round 1
+    cfg = GenerateConfig(max_new_tokens=12, batch_size=3, stop=(stop,), ignore_eos=True)
+    out, _ = bigram.generate(BIGRAM_PROMPTS, cfg, SpecConfig(k=K))
+    assert out[2].finish_reason == "stop" and out[2].tokens == ref[:4] and out[2].text == text[:2]
+    for p, o in zip(BIGRAM_PROMPTS[:2], out[:2], strict=True):
+        full = TOK.decode(oracle(p, 12))
+        assert (o.finish_reason == "stop") == (stop in full)
+
+
+def test_bad_spec_configs():
+    with pytest.raises(GenerationError, match="k must be"):
+        SpecConfig(k=0)
+    with pytest.raises(GenerationError, match="min_ngram"):
+        SpecConfig(max_ngram=1, min_ngram=2)

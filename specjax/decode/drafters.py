@@ -77,9 +77,9 @@ def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
     "Earlier" means j <= len - 2, so at least one known token follows the occurrence. -1
     where there is none.
     """
-    b, l = hist_bl.shape
-    j_l = jnp.arange(l)
-    tail_idx_bn = jnp.clip(len_b[:, None] - n + jnp.arange(n), 0, l - 1)
+    width = hist_bl.shape[1]
+    j_l = jnp.arange(width)
+    tail_idx_bn = jnp.clip(len_b[:, None] - n + jnp.arange(n), 0, width - 1)
     tail_bn = jnp.take_along_axis(hist_bl, tail_idx_bn, axis=1)
     # Candidate ends j in [n-1, len-2]; the range is empty unless len >= n + 1, which also
     # keeps the (clipped) tail read above from mattering for too-short histories.
@@ -87,7 +87,7 @@ def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
     for m in range(n):
         # hist[j - m] must equal the tail's m-th token from the end: compare the history
         # shifted right by m against one tail token (a static loop of n full-width compares).
-        shifted_bl = jnp.pad(hist_bl, ((0, 0), (m, 0)))[:, :l]
+        shifted_bl = jnp.pad(hist_bl, ((0, 0), (m, 0)))[:, :width]
         match_bl = match_bl & (shifted_bl == tail_bn[:, n - 1 - m : n - m])
     return jnp.max(jnp.where(match_bl, j_l[None, :], -1), axis=1)
 
@@ -109,7 +109,7 @@ def ngram_propose(hist_bl: jax.Array, len_b: jax.Array, k: int, max_ngram: int =
     Returns:
       Draft with len_b = k where a tail matched, else 0 (tokens then repeat the last token).
     """
-    l = hist_bl.shape[1]
+    width = hist_bl.shape[1]
     found_b = jnp.zeros(len_b.shape, bool)
     end_b = jnp.zeros(len_b.shape, jnp.int32)
     for n in range(max_ngram, min_ngram - 1, -1):
@@ -119,7 +119,7 @@ def ngram_propose(hist_bl: jax.Array, len_b: jax.Array, k: int, max_ngram: int =
         found_b = found_b | take_b
     period_b = jnp.maximum(len_b - 1 - end_b, 1)
     idx_bk = end_b[:, None] + 1 + jnp.arange(k)[None, :] % period_b[:, None]
-    tokens_bk = jnp.take_along_axis(hist_bl, jnp.clip(idx_bk, 0, l - 1), axis=1)
-    last_b1 = jnp.take_along_axis(hist_bl, jnp.clip(len_b - 1, 0, l - 1)[:, None], axis=1)
+    tokens_bk = jnp.take_along_axis(hist_bl, jnp.clip(idx_bk, 0, width - 1), axis=1)
+    last_b1 = jnp.take_along_axis(hist_bl, jnp.clip(len_b - 1, 0, width - 1)[:, None], axis=1)
     tokens_bk = jnp.where(found_b[:, None], tokens_bk, last_b1)
     return Draft(tokens_bk=tokens_bk.astype(jnp.int32), len_b=jnp.where(found_b, k, 0).astype(jnp.int32))

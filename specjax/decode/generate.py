@@ -169,7 +169,12 @@ class Generator:
         stats.tokens_per_s = stats.new_tokens / stats.wall_s
         return completions, stats
 
-    def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
+    def _batch_inputs(self, chunk, cfg: GenerateConfig, stops, seed_offset: int, extra_slots: int = 0):
+        """Pads a chunk of prompts into the static shapes of one device program.
+
+        Returns (shape key, program arguments, static keyword arguments); the KV cache in the
+        arguments has prompt bucket + new-token bucket + `extra_slots` slots.
+        """
         b = cfg.batch_size
         t = bucket(max(len(p) for p in chunk))
         n_out = bucket(cfg.max_new_tokens)
@@ -180,24 +185,35 @@ class Generator:
             len_b[j] = len(p)
         active_b = np.arange(b) < len(chunk)
         s = cfg.sampling
-        static_sampling = SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
-                                         top_p=1.0 if s.top_p >= 1.0 else 0.5)
-        eos = () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)
-        shape_key = (b, t, n_out, static_sampling, eos, None if stops is None else stops.next_state.shape)
-        cache = self._take_cache(b, t + n_out)
+        # Only what changes the program is static; temperature / top_p values are traced.
+        static = {"sampling": SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
+                                             top_p=1.0 if s.top_p >= 1.0 else 0.5),
+                  "n_out": n_out, "eos_ids": () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)}
+        key = (b, t, *static.values(), None if stops is None else stops.next_state.shape)
+        cache = self._take_cache(b, t + n_out + extra_slots)
         args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
                 jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
                 jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
-        if shape_key not in self._programs:
-            progress(f"compiling for batch {b}, prompt bucket {t}, {n_out} new tokens (once per shape)")
+        return key, args, static
+
+    def _program(self, key, lower: Callable, what: str, progress, stats: Stats):
+        """The compiled executable for `key`, compiling (timed apart) on first use."""
+        if key not in self._programs:
+            progress(f"compiling {what} (once per shape)")
             t0 = time.perf_counter()
-            self._programs[shape_key] = loop.generate_program.lower(
-                self.graphdef, *args, sampling=static_sampling, n_out=n_out, eos_ids=eos).compile()
+            self._programs[key] = lower().compile()
             stats.compiled += 1
             stats.compile_s += time.perf_counter() - t0
+        return self._programs[key]
+
+    def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
+        key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset)
+        b, t, _, n_out = key[:4]
+        program = self._program(key, lambda: loop.generate_program.lower(self.graphdef, *args, **static),
+                                f"for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
         loop.CLOCK.t = None
         t_call = time.perf_counter()
-        state = self._programs[shape_key](*args)
+        state = program(*args)
         out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps))
         t_end = time.perf_counter()
         self._cache = state.cache

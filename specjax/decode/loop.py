@@ -2,8 +2,8 @@
 
 Everything per token happens inside a `lax.while_loop` over a `DecodeState` pytree:
 sample each row's next token from the carried hidden state, check EOS / stop strings /
-length, run the token forward. The host sees the program once per batch. The KV cache is passed in and donated, so XLA updates
-it in place and the caller reuses the same buffer for the next batch.
+length, run the token forward. The host sees the program once per batch. The KV cache is
+passed in and donated, so XLA updates it in place and the caller reuses the buffer.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from flax import nnx, struct
 from specjax.decode import loop
 from specjax.decode import stops as stops_lib
 from specjax.decode.drafters import Drafter, NgramDrafter
-from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats, bucket
+from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.verify import greedy_verify, sampling_verify
 from specjax.models.kv_cache import KVCache
@@ -215,7 +215,9 @@ class SpecStats(Stats):
     acceptance_by_position: for draft position i, the fraction of rounds that proposed a
       token there in which it was accepted (a chain: position i needs all before it).
     draft_rate: fraction of rounds in which the drafter proposed anything.
-    ms_per_round: mean time of one loop iteration (one target forward for the batch).
+    ms_per_round: mean time of one loop iteration (one target forward for the batch), last batch.
+    The inherited ms_per_token is decode time per generated token of a row (decode time ×
+    rows / decode tokens), comparable with the plain loop's ms per step.
     """
 
     k: int = 0
@@ -228,7 +230,11 @@ class SpecStats(Stats):
     def line(self) -> str:
         acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_position)
         return (super().line() + f"; speculative k={self.k}: tau {self.tau:.2f} tokens/forward over "
-                f"{self.rounds} rounds, acceptance by position [{acc}], drafted in {self.draft_rate:.0%}")
+                f"{self.rounds} rounds, acceptance by position [{acc}], drafted in {self.draft_rate:.0%}, "
+                f"{self.ms_per_round:.1f} ms/round")
+
+
+_DEFAULT_GENERATE, _DEFAULT_SPEC = GenerateConfig(), SpecConfig()
 
 
 class SpeculativeGenerator(Generator):
@@ -243,8 +249,8 @@ class SpeculativeGenerator(Generator):
     def generate(
         self,
         prompts: Sequence[str],
-        cfg: GenerateConfig = GenerateConfig(),
-        spec: SpecConfig = SpecConfig(),
+        cfg: GenerateConfig = _DEFAULT_GENERATE,
+        spec: SpecConfig = _DEFAULT_SPEC,
         progress: Callable[[str], None] = lambda s: None,
     ) -> tuple[list[Completion], SpecStats]:
         """Like `Generator.generate` (same completions, tokenisation, batching and errors)."""
@@ -263,37 +269,17 @@ class SpeculativeGenerator(Generator):
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
         spec: SpecConfig = self._spec
-        b = cfg.batch_size
-        t = bucket(max(len(p) for p in chunk))
-        n_out = bucket(cfg.max_new_tokens)
-        prompt_bt = np.full((b, t), self.model.cfg.pad_id, np.int32)
-        len_b = np.ones((b,), np.int32)
-        for j, p in enumerate(chunk):
-            prompt_bt[j, :len(p)] = p
-            len_b[j] = len(p)
-        active_b = np.arange(b) < len(chunk)
-        s = cfg.sampling
-        static_sampling = SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
-                                         top_p=1.0 if s.top_p >= 1.0 else 0.5)
-        eos = () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)
         drafter = spec.drafter()
-        shape_key = ("spec", b, t, n_out, spec.k, drafter, static_sampling, eos,
-                     None if stops is None else stops.next_state.shape)
-        cache = self._take_cache(b, t + n_out + spec.k)
-        args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
-                jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
-                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
-        if shape_key not in self._programs:
-            progress(f"compiling speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens")
-            t0 = time.perf_counter()
-            self._programs[shape_key] = speculative_program.lower(
-                self.graphdef, *args, sampling=static_sampling, n_out=n_out, eos_ids=eos, k=spec.k,
-                drafter=drafter).compile()
-            stats.compiled += 1
-            stats.compile_s += time.perf_counter() - t0
+        key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
+        b, t, _, n_out = key[:4]
+        program = self._program(
+            ("spec", spec.k, drafter, *key),
+            lambda: speculative_program.lower(self.graphdef, *args, **static, k=spec.k, drafter=drafter),
+            f"speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
+        active_b = np.asarray(args[4])
         loop.CLOCK.t = None
         t_call = time.perf_counter()
-        state = self._programs[shape_key](*args)
+        state = program(*args)
         out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
                               state.drafted_bk, state.accepted_bk))
         t_end = time.perf_counter()

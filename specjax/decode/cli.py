@@ -46,6 +46,10 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     stop: list[str] = dataclasses.field(default_factory=list)
+    spec: str = "none"
+    spec_k: int = 4
+    spec_max_ngram: int = 3
+    compare_plain: bool = True
     output: str | None = None
     quiet: bool = False
 
@@ -89,6 +93,38 @@ def generate_config(opts: DecodeOptions) -> GenerateConfig:
                           batch_size=opts.batch_size, chat=opts.chat)
 
 
+SPEC_METHODS = ("none", "ngram")
+PLANNED_SPEC_METHODS = ("layerskip", "draft", "medusa", "eagle")
+
+
+def spec_config(opts: DecodeOptions):
+    """The speculative-decoding config, or None for plain decoding."""
+    if opts.spec == "none":
+        return None
+    if opts.spec in PLANNED_SPEC_METHODS:
+        raise OptionError(f"spec={opts.spec!r} is not available yet (available: {', '.join(SPEC_METHODS)})")
+    if opts.spec not in SPEC_METHODS:
+        raise OptionError(f"spec={opts.spec!r} is unknown (available: {', '.join(SPEC_METHODS)})")
+    from specjax.decode.speculative import SpecConfig
+
+    return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram)
+
+
+def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress):
+    """Runs plain or speculative generation; with compare_plain, also plain for the speedup."""
+    from specjax.decode.speculative import SpeculativeGenerator
+
+    if spec_cfg is None:
+        completions, stats = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+        return completions, stats, None
+    completions, stats = SpeculativeGenerator(model, tokenizer).generate(prompts, gen_cfg, spec_cfg, progress)
+    if not compare_plain:
+        return completions, stats, None
+    progress("running plain decoding of the same prompts for the speedup")
+    _, plain = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+    return completions, stats, plain
+
+
 def run(opts: DecodeOptions) -> int:
     """Runs the command; returns the process exit code (2 for bad input)."""
     t0 = time.perf_counter()
@@ -100,12 +136,14 @@ def run(opts: DecodeOptions) -> int:
     try:
         prompts = collect_prompts(opts)
         gen_cfg = generate_config(opts)
+        spec_cfg = spec_config(opts)
         from specjax.models.loading import load_model
 
         model, tokenizer = load_model(opts.model, opts.dtype, progress)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
                  f"{opts.dtype}")
-        completions, stats = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+        completions, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
+                                              progress)
     except (*USER_ERRORS, OptionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -114,6 +152,10 @@ def run(opts: DecodeOptions) -> int:
             print(f"--- [{i}] {c.prompt[:70]!r} ({c.finish_reason})")
         print(c.prompt + c.text if not opts.chat else c.text)
     print(f"stats: {stats.line()}", file=sys.stderr)
+    if plain is not None:
+        print(f"plain: {plain.line()}", file=sys.stderr)
+        print(f"speedup over plain decoding of the same prompts: {stats.tokens_per_s / plain.tokens_per_s:.2f}x",
+              file=sys.stderr)
     if opts.output:
         with open(opts.output, "w", encoding="utf-8") as f:
             for c in completions:

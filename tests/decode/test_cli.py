@@ -35,6 +35,9 @@ def test_unknown_option_is_named():
     ({"prompts_file": "/nonexistent/p.jsonl"}, "no such file"),
     ({"model": "/nonexistent/model.gguf"}, "model file not found: /nonexistent/model.gguf"),
     ({"dtype": "float8"}, "dtype='float8' is not one of"),
+    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram)"),
+    ({"spec": "bogus"}, "spec='bogus' is unknown"),
+    ({"spec": "ngram", "spec_k": 0}, "k must be a positive integer"),
 ])
 def test_bad_options_give_one_clear_line(capsys, opts, message):
     assert run(DecodeOptions(quiet=True, **opts)) == 2
@@ -77,3 +80,12 @@ def test_prompt_longer_than_context_is_refused(capsys, monkeypatch):
     monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
     assert run(DecodeOptions(quiet=True, prompt="x" * 40, max_new_tokens=4)) == 2
     assert "exceeds the model's context of 32 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.real_model
+def test_speculative_run_reports_tau_and_speedup():
+    prompt = "Repeat this list exactly: apples, pears, plums. Repeat this list exactly: apples, pears, plums."
+    r = run_cli(f'prompt="{prompt}"', "spec=ngram", "spec_k=4", "max_new_tokens=12")  # quoted, as in a shell
+    assert r.returncode == 0, r.stderr
+    assert "tau" in r.stderr and "acceptance by position" in r.stderr
+    assert "speedup over plain decoding of the same prompts" in r.stderr

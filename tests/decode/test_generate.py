@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from specjax.decode.generate import GenerateConfig, GenerationError, Generator, bucket
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator, bucket, prompt_bucket
 from specjax.decode.loop import generate_program
 from specjax.decode.sampling import SamplingConfig
 from specjax.models.params import build_model, model_weights
@@ -126,3 +126,5 @@ def test_bad_requests_have_clear_messages(gen):
 
 def test_bucket():
     assert [bucket(n) for n in (1, 16, 17, 100, 128, 129)] == [16, 16, 32, 128, 128, 256]
+    assert [prompt_bucket(n) for n in (1, 16, 17, 24, 25, 33, 48, 49, 67, 97, 129)] == [
+        16, 16, 24, 24, 32, 48, 48, 64, 96, 128, 192]

@@ -26,70 +26,22 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from specjax.decode import loop
 from specjax.decode import stops as stops_lib
 from specjax.decode.drafters import Drafter, NgramDrafter
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
-from specjax.decode.verify import greedy_verify, sampling_verify
+from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_body
 from specjax.models.kv_cache import KVCache
 
-
-@struct.dataclass
-class SpecState:
-    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b is its latest token, at
-    position pos_b (its keys/values are not in the cache yet: the next round's block starts
-    with it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
-
-    Statistics: rounds_b counts target forwards in which the row was live; drafted_bk /
-    accepted_bk count, per draft position, the rounds that proposed / accepted a token there.
-    """
-
-    cache: KVCache
-    hist_bl: jax.Array
-    last_b: jax.Array
-    out_bn: jax.Array
-    pos_b: jax.Array
-    count_b: jax.Array
-    done_b: jax.Array
-    reason_b: jax.Array
-    stop_bn: jax.Array
-    key: jax.Array
-    steps: jax.Array
-    rounds_b: jax.Array
-    drafted_bk: jax.Array
-    accepted_bk: jax.Array
-
-    @property
-    def hist_len_b(self) -> jax.Array:
-        return self.pos_b + 1
-
-
-def _commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecState:
-    """Emits tokens_bt[b, :n_b[b]] per live row, stopping a row at EOS / stop / length.
-
-    A static loop over the block with masks: `_emit` marks a row done on the token that
-    ends it, and later tokens of the block are then masked out — which is how an EOS
-    inside an accepted run truncates it, and how max_new_tokens is never exceeded.
-    """
-    b, t = tokens_bt.shape
-    live_b = ~s.done_b
-    count0_b = s.count_b
-    for i in range(t):
-        emit_b = ~s.done_b & (i < n_b)
-        # Token i of the round sits at position pos + 1 + i of the history.
-        col_b = jnp.where(emit_b, s.pos_b + 1 + i, s.hist_bl.shape[1])
-        s = s.replace(hist_bl=s.hist_bl.at[jnp.arange(b), col_b].set(tokens_bt[:, i], mode="drop"))
-        s = loop._emit(s, tokens_bt[:, i], emit_b, max_new, eos_ids, stop_tables)
-    emitted_b = s.count_b - count0_b
-    last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(emitted_b - 1, 0)[:, None], axis=1)[:, 0]
-    return s.replace(pos_b=s.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, s.last_b))
+__all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGenerator", "speculative_program"]
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter"), donate_argnames=("cache",))
+    jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter", "adapt"),
+    donate_argnames=("cache",))
 def speculative_program(
     graphdef,
     params,
@@ -108,11 +60,13 @@ def speculative_program(
     eos_ids: tuple[int, ...],
     k: int,
     drafter: Drafter,
+    adapt: Adaptive | None = None,
 ) -> SpecState:
     """Prefills right-padded prompts, then runs speculative rounds until every row is done.
 
     Arguments are those of `loop.generate_program`, plus the static draft length k (>= 1)
-    and drafter. The cache needs at least T + n_out + k slots: a row's last round may write
+    and drafter, and the static adaptive policy (None: every round speculates; see
+    `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's last round may write
     drafted positions up to k past its final token (written, never committed).
 
     Returns:
@@ -143,40 +97,23 @@ def speculative_program(
         key=key,
         steps=jnp.zeros((), jnp.int32),
         rounds_b=jnp.zeros((b,), jnp.int32),
+        plain_rounds_b=jnp.zeros((b,), jnp.int32),
         drafted_bk=jnp.zeros((b, k), jnp.int32),
         accepted_bk=jnp.zeros((b, k), jnp.int32),
+        # At the threshold: a row's first draft is tried once, then the evidence decides.
+        accept_ema_b=jnp.full((b,), 0.0 if adapt is None else min(adapt.min_expected_accept, k), jnp.float32),
+        shadow_bk=jnp.zeros((b, k), jnp.int32),
+        shadow_len_b=jnp.zeros((b,), jnp.int32),
+        shadow_hit_b=jnp.zeros((b,), jnp.int32),
     )
-    state = _commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
+    state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
 
     def cond(s: SpecState):
         return ~jnp.all(s.done_b)
 
-    def body(s: SpecState) -> SpecState:
-        live_b = ~s.done_b
-        draft = drafter.propose(s, k)
-        block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
-        positions_bt = s.pos_b[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-        # Finished rows still ride along (static shapes); their writes land on slots they
-        # will never read, within the cache because their pos_b stopped advancing.
-        hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
-        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
-        key, sub = jax.random.split(s.key)
-        if sampling.greedy:
-            accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
-        else:
-            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, sub, temperature,
-                                                    sampling.top_k, static_top_p, draft.q_probs_bkv)
-        i_k = jnp.arange(k)[None, :]
-        live_b1 = live_b[:, None]
-        s = s.replace(
-            cache=cache, key=key, steps=s.steps + 1,
-            rounds_b=s.rounds_b + live_b.astype(jnp.int32),
-            drafted_bk=s.drafted_bk + (live_b1 & (i_k < draft.len_b[:, None])).astype(jnp.int32),
-            accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
-        )
-        return _commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
-
+    body = make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids, stop_tables,
+                     adapt)
     return jax.lax.while_loop(cond, body, state)
 
 
@@ -187,17 +124,28 @@ class SpecConfig:
     Attributes:
       k: tokens drafted per round (the target forward covers k + 1 positions).
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
+      adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
+        (`spec_rounds.py`); False speculates every round.
+      min_expected_accept, ema_weight: the adaptive policy (`spec_rounds.Adaptive`).
     """
 
     k: int = 4
     max_ngram: int = 3
     min_ngram: int = 1
+    adaptive: bool = True
+    min_expected_accept: float = 2.0
+    ema_weight: float = 0.3
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
             raise GenerationError(f"k must be a positive integer, got {self.k!r}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise GenerationError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if not 0 < self.ema_weight <= 1:
+            raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
+
+    def policy(self) -> Adaptive | None:
+        return Adaptive(float(self.min_expected_accept), float(self.ema_weight)) if self.adaptive else None
 
     def drafter(self) -> Drafter:
         return NgramDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
@@ -214,7 +162,9 @@ class SpecStats(Stats):
       when it finishes, even though finished rows ride along in a batch).
     acceptance_by_position: for draft position i, the fraction of rounds that proposed a
       token there in which it was accepted (a chain: position i needs all before it).
-    draft_rate: fraction of rounds in which the drafter proposed anything.
+    draft_rate: fraction of rounds that verified a draft.
+    plain_rate: fraction of rounds that were plain one-token rounds (adaptive drafting backed off).
+    mean_draft_len: draft tokens verified per round (plain rounds count 0): the chosen lengths.
     ms_per_round: mean time of one loop iteration (one target forward for the batch), last batch.
     The inherited ms_per_token is decode time per generated token of a row (decode time ×
     rows / decode tokens), comparable with the plain loop's ms per step.
@@ -225,12 +175,15 @@ class SpecStats(Stats):
     tau: float = 0.0
     acceptance_by_position: tuple[float, ...] = ()
     draft_rate: float = 0.0
+    plain_rate: float = 0.0
+    mean_draft_len: float = 0.0
     ms_per_round: float = 0.0
 
     def line(self) -> str:
         acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_position)
         return (super().line() + f"; speculative k={self.k}: tau {self.tau:.2f} tokens/forward over "
                 f"{self.rounds} rounds, acceptance by position [{acc}], drafted in {self.draft_rate:.0%}, "
+                f"plain rounds {self.plain_rate:.0%}, mean draft {self.mean_draft_len:.2f}, "
                 f"{self.ms_per_round:.1f} ms/round")
 
 
@@ -256,6 +209,7 @@ class SpeculativeGenerator(Generator):
         """Like `Generator.generate` (same completions, tokenisation, batching and errors)."""
         self._spec = spec
         self._tally = np.zeros((3, spec.k), np.int64)  # rounds (col 0) / drafted / accepted by position
+        self._plain_rounds = 0
         self._decode_tokens = 0
         completions, base = super().generate(prompts, cfg, progress)
         rounds, drafted_k, accepted_k = int(self._tally[0, 0]), self._tally[1], self._tally[2]
@@ -264,6 +218,8 @@ class SpeculativeGenerator(Generator):
             tau=self._decode_tokens / max(rounds, 1),
             acceptance_by_position=tuple(float(a / max(d, 1)) for a, d in zip(accepted_k, drafted_k, strict=True)),
             draft_rate=float(drafted_k[0] / max(rounds, 1)),
+            plain_rate=self._plain_rounds / max(rounds, 1),
+            mean_draft_len=float(drafted_k.sum() / max(rounds, 1)),
             ms_per_round=self._ms_per_round,
         )
 
@@ -273,22 +229,24 @@ class SpeculativeGenerator(Generator):
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
         b, t, _, n_out = key[:4]
         program = self._program(
-            ("spec", spec.k, drafter, *key),
-            lambda: speculative_program.lower(self.graphdef, *args, **static, k=spec.k, drafter=drafter),
+            ("spec", spec.k, drafter, spec.policy(), *key),
+            lambda: speculative_program.lower(self.graphdef, *args, **static, k=spec.k, drafter=drafter,
+                                              adapt=spec.policy()),
             f"speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
         active_b = np.asarray(args[4])
         loop.CLOCK.t = None
         t_call = time.perf_counter()
         state = program(*args)
         out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
-                              state.drafted_bk, state.accepted_bk))
+                              state.plain_rounds_b, state.drafted_bk, state.accepted_bk))
         t_end = time.perf_counter()
         self._cache = state.cache
         first_t = loop.CLOCK.t or t_end
-        out_bn, count_b, reason_b, steps, rounds_b, drafted_bk, accepted_bk = out
+        out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk = out
         decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())
         self._decode_tokens += decode_tokens
         self._tally[0] += int(rounds_b.sum())
+        self._plain_rounds += int(plain_rounds_b.sum())
         self._tally[1] += drafted_bk.sum(axis=0)
         self._tally[2] += accepted_bk.sum(axis=0)
         self._ms_per_round = (t_end - first_t) * 1e3 / max(int(steps), 1)

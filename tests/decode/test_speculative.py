@@ -163,3 +163,64 @@ def test_bad_spec_configs():
         SpecConfig(k=0)
     with pytest.raises(GenerationError, match="min_ngram"):
         SpecConfig(max_ngram=1, min_ngram=2)
+
+
+# ------------------------------------------------------------------------------------ adaptive drafting
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_adaptive_greedy_equals_plain_greedy(plain, spec, batch_size):
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=batch_size, ignore_eos=True)
+    ref, _ = plain.generate(PROMPTS, cfg)
+    rates = []
+    for sc in [SpecConfig(k=K, min_expected_accept=1.0), SpecConfig(k=K), SpecConfig(k=K, ema_weight=1.0)]:
+        out, stats = spec.generate(PROMPTS, cfg, sc)
+        assert [o.tokens for o in out] == [r.tokens for r in ref], sc
+        assert 0 <= stats.plain_rate <= 1 and 0 <= stats.mean_draft_len <= K
+        rates.append(stats.plain_rate)
+    assert max(rates) > 0, rates  # some configuration backed off to plain rounds (mixed rounds checked)
+
+
+def test_always_speculating_reports_no_plain_rounds(spec):
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=3, ignore_eos=True)
+    _, stats = spec.generate(PROMPTS, cfg, SpecConfig(k=K, adaptive=False))
+    assert stats.plain_rate == 0 and stats.mean_draft_len == pytest.approx(stats.draft_rate * K)
+    assert "plain rounds 0%" in stats.line()
+
+
+@pytest.fixture(scope="module")
+def novel():
+    """A bigram model whose next token is never a repeat within 60 tokens (a 64-cycle), so the n-gram
+    drafter never matches on these prompts (ids 39-41, 17-20, 59-60): every round must be plain."""
+    global PERM
+    saved = PERM
+    PERM = np.arange(64)
+    PERM[3:] = np.roll(np.arange(3, 64), -1)  # id -> id + 1 over the 61 byte ids
+    try:
+        return SpeculativeGenerator(bigram_model(-1), TOK), PERM.copy()
+    finally:
+        PERM = saved
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_no_match_takes_only_plain_rounds(novel, batch_size):
+    gen, perm = novel
+    prompts = ["abc", "KLMN", "uv"]
+    out, stats = gen.generate(prompts, GenerateConfig(max_new_tokens=20, batch_size=batch_size, ignore_eos=True),
+                              SpecConfig(k=K))
+    for p, o in zip(prompts, out, strict=True):
+        tok, want = TOK.encode(p)[-1], []
+        for _ in range(20):
+            tok = int(perm[tok])
+            want.append(tok)
+        assert o.tokens == want
+    assert stats.plain_rate == 1.0 and stats.mean_draft_len == 0 and stats.tau == 1.0, stats.line()
+    assert stats.rounds == 19 * len(prompts)
+
+
+def test_backs_off_and_reprobes(bigram):
+    # The bigram rows are perfectly repetitive: a high threshold still lets the always-accepted
+    # drafts through (EMA stays at k), so adaptive drafting keeps speculating.
+    out, stats = bigram.generate(BIGRAM_PROMPTS[1:], GenerateConfig(max_new_tokens=16, batch_size=3, ignore_eos=True),
+                                 SpecConfig(k=K, min_expected_accept=K))
+    for p, o in zip(BIGRAM_PROMPTS[1:], out, strict=True):
+        assert o.tokens == oracle(p, 16)
+    assert stats.plain_rate == 0 and stats.mean_draft_len == K

@@ -1,0 +1,180 @@
+"""The rounds of the speculative loop (`speculative.py`): its carry, commit, and the two kinds of round.
+
+A *speculative round* runs ONE target forward over [last, d_1 … d_k] for the whole batch and
+verifies the drafts. A *plain round* runs the one-token forward of `loop.generate_program`
+instead and samples one token, exactly as plain decoding would. With an `Adaptive` policy the
+loop body is `lax.cond(any row expects enough accepted tokens, speculative, plain)`: on XLA:CPU a
+(k+1)-row forward plus float32 head costs ~2.5–3.5 one-row steps (docs/performance.md), so
+speculating only pays when the drafts are good.
+
+Draft quality is tracked per row as an exponential moving average of the tokens a draft gets
+accepted (`accept_ema_b`). Speculative rounds update it from verification. Plain rounds update it
+for free from a *shadow draft*: the draft a row had when it last stopped speculating is compared,
+token by token, with what the plain rounds then commit — which is exactly what verification would
+have accepted (greedy), or has the same expectation (sampling with a deterministic draft: both
+accept token x with probability p(x)). So a row whose text turns repetitive again is noticed
+without paying for probe rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.decode import loop
+from specjax.decode.sampling import sample
+from specjax.decode.verify import greedy_verify, sampling_verify
+from specjax.models.kv_cache import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class Adaptive:
+    """When to speculate (static: part of the compiled program).
+
+    Attributes:
+      min_expected_accept: a row wants a speculative round when it has a draft and its moving
+        average of accepted draft tokens per round is at least this; the batch speculates when
+        any row wants to (the threshold is capped at 0.75 k). Break-even on XLA:CPU at batch 1 is
+        ~1.5 (k=2) to ~2.5 (k=8).
+      ema_weight: weight of the newest observation in the moving average.
+    """
+
+    min_expected_accept: float = 2.0
+    ema_weight: float = 0.3
+
+
+@struct.dataclass
+class SpecState:
+    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b is its latest token, at
+    position pos_b (its keys/values are not in the cache yet: the next round's block starts
+    with it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
+
+    Statistics: rounds_b counts target forwards in which the row was live, plain_rounds_b those
+    that were plain one-token rounds; drafted_bk / accepted_bk count, per draft position, the
+    speculative rounds that proposed / accepted a token there.
+
+    Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round) and the
+    shadow draft shadow_bk, of which shadow_len_b tokens are real (0: no shadow) and shadow_hit_b
+    have matched the committed text so far.
+    """
+
+    cache: KVCache
+    hist_bl: jax.Array
+    last_b: jax.Array
+    out_bn: jax.Array
+    pos_b: jax.Array
+    count_b: jax.Array
+    done_b: jax.Array
+    reason_b: jax.Array
+    stop_bn: jax.Array
+    key: jax.Array
+    steps: jax.Array
+    rounds_b: jax.Array
+    plain_rounds_b: jax.Array
+    drafted_bk: jax.Array
+    accepted_bk: jax.Array
+    accept_ema_b: jax.Array
+    shadow_bk: jax.Array
+    shadow_len_b: jax.Array
+    shadow_hit_b: jax.Array
+
+    @property
+    def hist_len_b(self) -> jax.Array:
+        return self.pos_b + 1
+
+
+def commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecState:
+    """Emits tokens_bt[b, :n_b[b]] per live row, stopping a row at EOS / stop / length.
+
+    A static loop over the block with masks: `_emit` marks a row done on the token that
+    ends it, and later tokens of the block are then masked out — which is how an EOS
+    inside an accepted run truncates it, and how max_new_tokens is never exceeded.
+    """
+    b, t = tokens_bt.shape
+    live_b = ~s.done_b
+    count0_b = s.count_b
+    for i in range(t):
+        emit_b = ~s.done_b & (i < n_b)
+        # Token i of the round sits at position pos + 1 + i of the history.
+        col_b = jnp.where(emit_b, s.pos_b + 1 + i, s.hist_bl.shape[1])
+        s = s.replace(hist_bl=s.hist_bl.at[jnp.arange(b), col_b].set(tokens_bt[:, i], mode="drop"))
+        s = loop._emit(s, tokens_bt[:, i], emit_b, max_new, eos_ids, stop_tables)
+    emitted_b = s.count_b - count0_b
+    last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(emitted_b - 1, 0)[:, None], axis=1)[:, 0]
+    return s.replace(pos_b=s.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, s.last_b))
+
+
+def make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids, stop_tables,
+              adapt: Adaptive | None):
+    """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain)."""
+
+    def ema(old_b, new_b, where_b):
+        w = adapt.ema_weight if adapt is not None else 0.3
+        return jnp.where(where_b, (1 - w) * old_b + w * new_b.astype(jnp.float32), old_b)
+
+    def spec_round(s: SpecState, draft) -> SpecState:
+        live_b = ~s.done_b
+        block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
+        positions_bt = s.pos_b[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+        # Finished rows still ride along (static shapes); their writes land on slots they
+        # will never read, within the cache because their pos_b stopped advancing.
+        hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
+        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
+        key, sub = jax.random.split(s.key)
+        if sampling.greedy:
+            accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
+        else:
+            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, sub, temperature,
+                                                    sampling.top_k, static_top_p, draft.q_probs_bkv)
+        i_k = jnp.arange(k)[None, :]
+        live_b1 = live_b[:, None]
+        s = s.replace(
+            cache=cache, key=key, steps=s.steps + 1,
+            rounds_b=s.rounds_b + live_b.astype(jnp.int32),
+            drafted_bk=s.drafted_bk + (live_b1 & (i_k < draft.len_b[:, None])).astype(jnp.int32),
+            accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
+            accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
+            shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
+        )
+        return commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
+
+    def plain_round(s: SpecState, draft) -> SpecState:
+        live_b = ~s.done_b
+        hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
+        # The barrier keeps the final norm out of the one-row int8 head's fused product (as the
+        # loop boundary does in `loop.generate_program`), and `live` keeps the head's float32
+        # copy from being hoisted out of the loop (quant.py).
+        hidden_b1d = jax.lax.optimization_barrier(hidden_b1d)
+        key, sub = jax.random.split(s.key)
+        tok_b = sample(model.logits(hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
+        # Shadow draft: a row without one adopts this round's draft, which predicts tok_b.
+        fresh_b = s.shadow_len_b == 0
+        shadow_bk = jnp.where(fresh_b[:, None], draft.tokens_bk, s.shadow_bk)
+        shadow_len_b = jnp.where(fresh_b, draft.len_b, s.shadow_len_b)
+        hit_b = jnp.where(fresh_b, 0, s.shadow_hit_b)
+        expect_b = jnp.take_along_axis(shadow_bk, jnp.clip(hit_b, 0, k - 1)[:, None], axis=1)[:, 0]
+        open_b = live_b & (shadow_len_b > 0)
+        match_b = open_b & (tok_b == expect_b)
+        hit_b = hit_b + match_b.astype(jnp.int32)
+        end_b = open_b & (~match_b | (hit_b >= shadow_len_b))
+        s = s.replace(
+            cache=cache, key=key, steps=s.steps + 1,
+            rounds_b=s.rounds_b + live_b.astype(jnp.int32),
+            plain_rounds_b=s.plain_rounds_b + live_b.astype(jnp.int32),
+            accept_ema_b=ema(s.accept_ema_b, hit_b, end_b),
+            shadow_bk=shadow_bk, shadow_len_b=jnp.where(end_b | ~live_b, 0, shadow_len_b), shadow_hit_b=hit_b,
+        )
+        return commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables)
+
+    def body(s: SpecState) -> SpecState:
+        draft = drafter.propose(s, k)
+        if adapt is None:
+            return spec_round(s, draft)
+        # Capped at 3/4 of k, so that a short draft length can still qualify.
+        want_b = ~s.done_b & (draft.len_b > 0) & (s.accept_ema_b >= min(adapt.min_expected_accept, 0.75 * k))
+        return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft)
+
+    return body

@@ -84,6 +84,17 @@ class Stats:
     ms_per_token: float = 0.0
     compiled: int = 0
     compile_s: float = 0.0
+    decode_s: float = 0.0  # summed over batches: time after each batch's first token
+    decode_tokens: int = 0  # tokens produced in that time (all rows)
+    decode_steps: int = 0  # loop steps (per-row tokens) in that time
+
+    def add_decode(self, seconds: float, tokens: int, steps: int) -> None:
+        """Accumulates one batch's decode phase; rates are over all batches, not the last."""
+        self.decode_s += seconds
+        self.decode_tokens += tokens
+        self.decode_steps += steps
+        self.decode_tokens_per_s = self.decode_tokens / max(self.decode_s, 1e-9)
+        self.ms_per_token = self.decode_s * 1e3 / max(self.decode_steps, 1)
 
     def line(self) -> str:
         return (f"{self.prompts} prompt(s), {self.new_tokens} new tokens in {self.wall_s:.2f} s: "
@@ -227,8 +238,7 @@ class Generator:
         first_t = loop.CLOCK.t or t_end
         steps = int(out[3]) - 1  # loop iterations after the one that sampled the first token
         if steps > 0:
-            stats.ms_per_token = (t_end - first_t) * 1e3 / steps
-            stats.decode_tokens_per_s = (int(out[1].sum()) - len(chunk)) / max(t_end - first_t, 1e-9)
+            stats.add_decode(t_end - first_t, int(out[1].sum()) - len(chunk), steps)
         return out, first_t, t_call
 
     def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig) -> Completion:

@@ -211,6 +211,7 @@ class SpeculativeGenerator(Generator):
         self._tally = np.zeros((3, spec.k), np.int64)  # rounds (col 0) / drafted / accepted by position
         self._plain_rounds = 0
         self._decode_tokens = 0
+        self._round_time = [0.0, 0]  # seconds after the first token, loop rounds
         completions, base = super().generate(prompts, cfg, progress)
         rounds, drafted_k, accepted_k = int(self._tally[0, 0]), self._tally[1], self._tally[2]
         return completions, SpecStats(
@@ -220,7 +221,7 @@ class SpeculativeGenerator(Generator):
             draft_rate=float(drafted_k[0] / max(rounds, 1)),
             plain_rate=self._plain_rounds / max(rounds, 1),
             mean_draft_len=float(drafted_k.sum() / max(rounds, 1)),
-            ms_per_round=self._ms_per_round,
+            ms_per_round=self._round_time[0] * 1e3 / max(self._round_time[1], 1),
         )
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
@@ -249,9 +250,9 @@ class SpeculativeGenerator(Generator):
         self._plain_rounds += int(plain_rounds_b.sum())
         self._tally[1] += drafted_bk.sum(axis=0)
         self._tally[2] += accepted_bk.sum(axis=0)
-        self._ms_per_round = (t_end - first_t) * 1e3 / max(int(steps), 1)
+        self._round_time[0] += t_end - first_t  # over all batches, like the decode stats
+        self._round_time[1] += int(steps)
         if decode_tokens > 0:
             # Per row, like the plain loop's ms/step: decode time over tokens per row.
-            stats.ms_per_token = (t_end - first_t) * 1e3 * len(chunk) / decode_tokens
-            stats.decode_tokens_per_s = decode_tokens / max(t_end - first_t, 1e-9)
+            stats.add_decode(t_end - first_t, decode_tokens, max(decode_tokens // len(chunk), 1))
         return (out_bn, count_b, reason_b, steps), first_t, t_call

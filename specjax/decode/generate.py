@@ -11,10 +11,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from specjax.decode import loop
+from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
+from specjax.models import sharding
 from specjax.models.transformer import Transformer
 
 if TYPE_CHECKING:
@@ -123,10 +126,22 @@ class Generator:
       >>> completions, stats = gen.generate(["Hello"], GenerateConfig(max_new_tokens=32))
     """
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, mesh: Mesh | None = None,
+                 rules=sharding.LOGICAL_RULES):
+        """Args:
+          model, tokenizer: what to run.
+          mesh: optional ('data', 'model') mesh (`sharding.make_mesh`): the batch runs data-parallel
+            over 'data' and the weights are split over 'model' by `rules` (`decode/mesh.py`).
+
+        Raises:
+          ShardingError: the mesh cannot hold the model (e.g. heads 'model' does not divide).
+        """
         self.model = model
         self.tokenizer = tokenizer
         self.graphdef, self.params = nnx.split(model)
+        self.mesh_plan = None if mesh is None else MeshPlan(mesh, model.cfg, rules)
+        if self.mesh_plan is not None:
+            self.params = self.mesh_plan.place_params(self.params)
         self._cache = None
         self._stops: dict[tuple[str, ...], StopTables | None] = {}
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
@@ -193,7 +208,7 @@ class Generator:
         Returns (shape key, program arguments, static keyword arguments); the KV cache in the
         arguments has prompt bucket + new-token bucket + `extra_slots` slots.
         """
-        b = cfg.batch_size
+        b = cfg.batch_size if self.mesh_plan is None else self.mesh_plan.rows(cfg.batch_size)
         t = prompt_bucket(max(len(p) for p in chunk))
         n_out = bucket(cfg.max_new_tokens)
         prompt_bt = np.full((b, t), self.model.cfg.pad_id, np.int32)
@@ -212,7 +227,15 @@ class Generator:
         args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
                 jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
                 jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
+        if self.mesh_plan is not None:
+            args = self.mesh_plan.place_args(args, b)
         return key, args, static
+
+    def _lower(self, program, args: tuple, static: dict):
+        """Lowers a jitted decode program for `args` (on the mesh, with its shardings)."""
+        if self.mesh_plan is None:
+            return program.lower(self.graphdef, *args, **static)
+        return self.mesh_plan.lower(program, self.graphdef, args, static)
 
     def _program(self, key, lower: Callable, what: str, progress, stats: Stats):
         """The compiled executable for `key`, compiling (timed apart) on first use."""
@@ -227,7 +250,7 @@ class Generator:
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset)
         b, t, _, n_out = key[:4]
-        program = self._program(key, lambda: loop.generate_program.lower(self.graphdef, *args, **static),
+        program = self._program(key, lambda: self._lower(loop.generate_program, args, static),
                                 f"for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
         loop.CLOCK.t = None
         t_call = time.perf_counter()

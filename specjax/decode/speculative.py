@@ -231,8 +231,8 @@ class SpeculativeGenerator(Generator):
         b, t, _, n_out = key[:4]
         program = self._program(
             ("spec", spec.k, drafter, spec.policy(), *key),
-            lambda: speculative_program.lower(self.graphdef, *args, **static, k=spec.k, drafter=drafter,
-                                              adapt=spec.policy()),
+            lambda: self._lower(speculative_program, args, dict(static, k=spec.k, drafter=drafter,
+                                                                adapt=spec.policy())),
             f"speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
         active_b = np.asarray(args[4])
         loop.CLOCK.t = None

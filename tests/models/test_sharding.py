@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import jax
 import pytest
+from conftest import tiny_config
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from specjax.models import sharding as sh
 from specjax.models.transformer import Transformer
-from tests.conftest import tiny_config
 
 
 def _flat(tree) -> dict[str, P]:

@@ -1,0 +1,225 @@
+"""Decoding on a device mesh (8 forced CPU devices) gives the single-device tokens, without recompiling.
+
+The test process has one CPU device, and XLA fixes the device count at start-up, so the checks
+run in ONE subprocess (this file run as a script) with
+XLA_FLAGS=--xla_force_host_platform_device_count=8; it prints a JSON report that the tests
+below read. Forced CPU devices share the machine's cores, so nothing here measures a speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MESHES = ((8, 1), (4, 2), (2, 4))
+# Ragged lengths (1 to 27 bytes) and repeated phrases, so the n-gram drafter gets accepted drafts.
+TINY_PROMPTS = ["abcabcabcabc", "hello world hello world", "x", "the cat the cat the cat the",
+                "qq", "zzzzzzzzzzzzzzzzzzzzzz", "ab", "mnopmnopmnop"]
+REAL_PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
+                "Repeat exactly: red, green, blue, red, green, blue, red, green,", "1, 2, 3, 4, 5,",
+                "Photosynthesis is the process by which", "def fibonacci(n):",
+                "Q: What is the boiling point of water?\nA:", "Once upon a time"]
+
+
+def run_worker(mode: str, timeout: float) -> dict:
+    """Runs this file as a script on 8 forced CPU devices; returns its JSON report."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip())
+    proc = subprocess.run([sys.executable, __file__, mode], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_report() -> dict:
+    return run_worker("tiny", timeout=600)
+
+
+def test_mesh_tokens_equal_single_device(tiny_report):
+    assert tiny_report["devices"] == 8
+    for name in ("8x1", "4x2", "2x4"):
+        run = tiny_report["meshes"][name]
+        assert run["plain"] == tiny_report["ref_plain"], name
+        assert run["spec"] == tiny_report["ref_spec"], name
+    assert tiny_report["ref_spec"] == tiny_report["ref_plain"]  # greedy speculative is lossless
+    assert tiny_report["spec_tau"] > 1.0  # drafts were accepted, so the verify path ran on the mesh
+
+
+def test_mesh_does_not_recompile_same_shapes(tiny_report):
+    for name, run in tiny_report["meshes"].items():
+        assert run["programs_first"] == [1, 1], name  # one plain and one speculative program
+        assert run["programs_second"] == [0, 0], name
+        assert run["backend_compiles_second"] == 0, name  # nothing at all compiled by XLA on the 2nd calls
+
+
+def test_params_and_cache_are_sharded_by_the_rules(tiny_report):
+    placed = tiny_report["placement_2x4"]
+    assert placed["q"] == ["None", "model"] and placed["q_shard"] == [32, 8]  # 4 heads x 8 over model=4
+    assert placed["down"] == ["model", "None"] and placed["down_shard"] == [16, 32]
+    assert placed["embed"] == ["model", "None"] and placed["embed_shard"] == [16, 32]
+    assert placed["norm"] == ["None"] and placed["norm_shard"] == [32]
+    assert placed["cache"] == ["data", "None", "model", "None"] and placed["cache_shard"][0] == 4
+    assert placed["cache_shard"][2] == 1  # 4 kv heads over model=4
+    assert placed["prompt"] == ["data"]
+    assert tiny_report["collectives_8x1"] == ["all-gather", "all-reduce"]  # no weight or activation traffic
+
+
+def test_partial_batch_sampling_and_replicated_kv(tiny_report):
+    assert tiny_report["padded"]["rows"] == 8  # batch 6 padded to a multiple of data=4
+    assert tiny_report["padded"]["tokens"] == tiny_report["padded"]["ref"]
+    assert tiny_report["sampled"]["tokens"] == tiny_report["sampled"]["ref"]  # T=1: same key, same draws
+    assert tiny_report["kv_replicated"]["tokens"] == tiny_report["kv_replicated"]["ref"]
+
+
+def test_mesh_errors_are_clear(tiny_report):
+    errors = tiny_report["errors"]
+    assert errors["mesh_3"].startswith("mesh data=3 x model=1 needs 3 devices, which does not divide the 8")
+    assert errors["kv_heads"].startswith("blocks.0.attn.k.w (32, 16): 2 kv heads cannot be split over mesh axis "
+                                         "'model' of size 4")
+    assert "with_rules(kv_heads=None)" in errors["kv_heads"]
+    assert errors["axes"].startswith("the decode mesh needs axes 'data' and 'model'")
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_real_model_mesh_greedy_equals_single_device():
+    report = run_worker("real", timeout=1800)
+    print(json.dumps(report["timing"]))
+    assert report["mesh_8x1"] == report["ref"]
+    assert report["mesh_4x2_kv_replicated"] == report["ref"]
+    assert report["second_call_programs"] == 0
+
+
+# ----------------------------------------------------------------------------- the worker (subprocess)
+
+
+def _tokens(completions) -> list[list[int]]:
+    return [c.tokens for c in completions]
+
+
+class _CompileCounter:
+    """Counts XLA backend compilations (any jit, device_put helper, ...) while active."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.count, self.active = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **kwargs) -> None:
+        if self.active and event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+def _spec_of(x) -> list[str]:
+    return [str(e) for e in x.sharding.spec]
+
+
+def _tiny_worker() -> dict:
+    import re
+
+    import jax
+    from conftest import ByteTokenizer, tiny_config
+    from flax import nnx
+
+    from specjax.decode.generate import GenerateConfig, Generator
+    from specjax.decode.mesh import MeshPlan
+    from specjax.decode.sampling import SamplingConfig
+    from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+    from specjax.models import sharding as sh
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(n_kv_heads=4), rngs=nnx.Rngs(0))
+    tok, counter = ByteTokenizer(), _CompileCounter()
+    cfg, spec = GenerateConfig(max_new_tokens=16, batch_size=8), SpecConfig(k=3, adaptive=False)
+    ref_spec, spec_stats = SpeculativeGenerator(model, tok).generate(TINY_PROMPTS, cfg, spec)
+    report = {"devices": len(jax.devices()), "ref_plain": _tokens(Generator(model, tok).generate(TINY_PROMPTS, cfg)[0]),
+              "ref_spec": _tokens(ref_spec), "spec_tau": spec_stats.tau, "meshes": {}}
+    for data, size in MESHES:
+        mesh = sh.make_mesh(data, size)
+        plain, specg = Generator(model, tok, mesh=mesh), SpeculativeGenerator(model, tok, mesh=mesh)
+        run = {"plain": _tokens(plain.generate(TINY_PROMPTS, cfg)[0]),
+               "spec": _tokens(specg.generate(TINY_PROMPTS, cfg, spec)[0])}
+        run["programs_first"] = [len(plain._programs), len(specg._programs)]
+        counter.active, counter.count = True, 0
+        again = [plain.generate(TINY_PROMPTS, cfg)[1], specg.generate(TINY_PROMPTS, cfg, spec)[1]]
+        counter.active = False
+        run["programs_second"] = [s.compiled for s in again]
+        run["backend_compiles_second"] = counter.count
+        report["meshes"][f"{data}x{size}"] = run
+        if (data, size) == (2, 4):
+            layer = plain.params["blocks"][0]
+            placed = {"q": layer["attn"]["q"]["w"], "down": layer["mlp"]["down"]["w"],
+                      "embed": plain.params["embed"], "norm": plain.params["final_norm"]["scale"],
+                      "cache": plain._cache.k[0]}
+            report["placement_2x4"] = {k: _spec_of(v) for k, v in placed.items()}
+            report["placement_2x4"].update({f"{k}_shard": list(v.addressable_shards[0].data.shape)
+                                            for k, v in placed.items()})
+            _, args, _ = plain._batch_inputs([[2, 5]], cfg, None, 0)
+            report["placement_2x4"]["prompt"] = _spec_of(args[2])
+        if (data, size) == (8, 1):
+            hlo = next(iter(plain._programs.values())).as_text()
+            report["collectives_8x1"] = sorted(set(re.findall(
+                r"\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\(", hlo)))
+
+    mesh42 = sh.make_mesh(4, 2)
+    six = GenerateConfig(max_new_tokens=16, batch_size=6)
+    padded = Generator(model, tok, mesh=mesh42)
+    report["padded"] = {"tokens": _tokens(padded.generate(TINY_PROMPTS[:6], six)[0]),
+                        "ref": _tokens(Generator(model, tok).generate(TINY_PROMPTS[:6], six)[0]),
+                        "rows": padded._cache.k[0].shape[0]}
+    hot = GenerateConfig(max_new_tokens=16, batch_size=8, sampling=SamplingConfig(temperature=1.0, seed=3))
+    report["sampled"] = {"tokens": _tokens(Generator(model, tok, mesh=mesh42).generate(TINY_PROMPTS, hot)[0]),
+                         "ref": _tokens(Generator(model, tok).generate(TINY_PROMPTS, hot)[0])}
+    gqa = Transformer(tiny_config(), rngs=nnx.Rngs(1))  # 2 kv heads
+    mesh24 = sh.make_mesh(2, 4)
+    report["kv_replicated"] = {
+        "tokens": _tokens(Generator(gqa, tok, mesh=mesh24, rules=sh.with_rules(kv_heads=None)).generate(
+            TINY_PROMPTS, cfg)[0]),
+        "ref": _tokens(Generator(gqa, tok).generate(TINY_PROMPTS, cfg)[0])}
+    errors = {}
+    for name, make in (("mesh_3", lambda: sh.make_mesh(3, 1)), ("kv_heads", lambda: Generator(gqa, tok, mesh=mesh24)),
+                       ("axes", lambda: MeshPlan(jax.make_mesh((8,), ("batch",)), gqa.cfg))):
+        try:
+            make()
+        except sh.ShardingError as e:
+            errors[name] = str(e)
+    report["errors"] = errors
+    return report
+
+
+def _real_worker() -> dict:
+    from specjax.decode.generate import GenerateConfig, Generator
+    from specjax.models import sharding as sh
+    from specjax.models.loading import load_model
+
+    model, tok = load_model(None)
+    cfg = GenerateConfig(max_new_tokens=32, batch_size=8, ignore_eos=True)
+    kv_replicated = sh.with_rules(kv_heads=None)  # Gemma 3 270M has one kv head
+    gens = {"ref": Generator(model, tok), "mesh_8x1": Generator(model, tok, mesh=sh.make_mesh(8, 1)),
+            "mesh_4x2_kv_replicated": Generator(model, tok, mesh=sh.make_mesh(4, 2), rules=kv_replicated)}
+    report, timing = {}, {}
+    for name, gen in gens.items():
+        report[name] = _tokens(gen.generate(REAL_PROMPTS, cfg)[0])  # compiles
+    for name, gen in gens.items():  # timed after compilation, in the same run, back to back
+        t0 = time.perf_counter()
+        _, stats = gen.generate(REAL_PROMPTS, cfg)
+        timing[name] = {"tok_s": stats.tokens_per_s, "wall_s": time.perf_counter() - t0,
+                        "ms_per_step": stats.ms_per_token, "compiled": stats.compiled}
+    report["second_call_programs"] = sum(t["compiled"] for t in timing.values())
+    report["timing"] = timing
+    return report
+
+
+if __name__ == "__main__":
+    result = _tiny_worker() if sys.argv[1] == "tiny" else _real_worker()
+    print(json.dumps(result))

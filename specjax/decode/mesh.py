@@ -65,9 +65,17 @@ class MeshPlan:
         self._params = sh.shard_state(params, shardings)
         return self._params
 
+    def replicate(self, tree):
+        """A copy of `tree` on every device (drafter weights, tables shared by all rows)."""
+        return jax.device_put(tree, self._replicated)
+
     def cache_sharding(self, cache: KVCache):
-        shape = tuple(cache.k[0].shape)
-        return sh.cache_sharding(self.mesh, self.rules, kv_heads=self.cfg.n_kv_heads, shape=shape)
+        """The rules' cache sharding; a cache whose kv heads 'model' does not divide (a drafter's
+        own cache, say: the target's was checked with its k/v weights) keeps only the batch split."""
+        try:
+            return sh.cache_sharding(self.mesh, self.rules, shape=tuple(cache.k[0].shape))
+        except sh.ShardingError:
+            return self._batch
 
     def _place_array(self, x, rows: int):
         is_row = getattr(x, "ndim", 0) >= 1 and x.shape[0] == rows
@@ -84,7 +92,7 @@ class MeshPlan:
             elif isinstance(a, jax.Array):
                 placed.append(self._place_array(a, rows))
             else:  # stop tables, drafter parameters, ...: shared by all rows
-                placed.append(jax.device_put(a, self._replicated))
+                placed.append(self.replicate(a))
         return tuple(placed)
 
     def output_shardings(self, out, rows: int):

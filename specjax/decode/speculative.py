@@ -35,6 +35,7 @@ from specjax.decode.generate import Completion, GenerateConfig, GenerationError,
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_body
 from specjax.models.kv_cache import KVCache
+from specjax.models.sharding import LOGICAL_RULES
 
 __all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGenerator", "speculative_program"]
 
@@ -209,10 +210,12 @@ class SpeculativeGenerator(Generator):
       >>> stats.tau, stats.acceptance_by_position
     """
 
-    def __init__(self, model, tokenizer, drafter: Drafter | None = None, draft_params=()):
-        super().__init__(model, tokenizer)
+    def __init__(self, model, tokenizer, drafter: Drafter | None = None, draft_params=(), mesh=None,
+                 rules=LOGICAL_RULES):
+        super().__init__(model, tokenizer, mesh, rules)
         self.drafter = drafter
-        self.draft_params = draft_params
+        # On a mesh (`Generator`), the drafter's weights are copied to every device.
+        self.draft_params = draft_params if self.mesh_plan is None else self.mesh_plan.replicate(draft_params)
 
     def generate(
         self,

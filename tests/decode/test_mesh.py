@@ -80,6 +80,13 @@ def test_partial_batch_sampling_and_replicated_kv(tiny_report):
     assert tiny_report["kv_replicated"]["tokens"] == tiny_report["kv_replicated"]["ref"]
 
 
+def test_drafter_params_replicated_and_draft_state_split_like_the_batch(tiny_report):
+    run = tiny_report["stateful_drafter"]
+    assert run["tokens"] == tiny_report["ref_plain"]
+    assert run["draft_params_devices"] == 8 and run["draft_params_spec"] == []
+    assert run["state_spec"] == ["data"] and run["state"] == run["ref_state"]
+
+
 def test_mesh_errors_are_clear(tiny_report):
     errors = tiny_report["errors"]
     assert errors["mesh_3"].startswith("mesh data=3 x model=1 needs 3 devices, which does not divide the 8")
@@ -118,6 +125,30 @@ class _CompileCounter:
     def _on_event(self, event: str, duration: float, **kwargs) -> None:
         if self.active and event == "/jax/core/compile/backend_compile_duration":
             self.count += 1
+
+
+def _counting_drafter():
+    """An n-gram drafter with weights and a per-row state (interface v2): the state counts each
+    row's committed tokens, starting from the prompt length plus the sum of its weights."""
+    import jax.numpy as jnp
+
+    from specjax.decode.drafters import NgramDrafter
+
+    class CountingDrafter(NgramDrafter):
+        def init(self, model, draft_params, prefill):
+            return prefill.len_b.astype(jnp.int32) + jnp.sum(draft_params["start"])
+
+        def observe(self, model, draft_params, draft_state, obs):
+            return draft_state + obs.n_b
+
+    return CountingDrafter()
+
+
+def _final_state(gen, cfg, spec):
+    """Re-runs a generator's compiled speculative program to read its final loop state."""
+    ids = gen.encode(TINY_PROMPTS, False)
+    _, args, _ = gen._batch_inputs(ids, cfg, None, 0, extra_slots=spec.k)
+    return next(iter(gen._programs.values()))(*args, gen.draft_params)
 
 
 def _spec_of(x) -> list[str]:
@@ -186,6 +217,20 @@ def _tiny_worker() -> dict:
         "tokens": _tokens(Generator(gqa, tok, mesh=mesh24, rules=sh.with_rules(kv_heads=None)).generate(
             TINY_PROMPTS, cfg)[0]),
         "ref": _tokens(Generator(gqa, tok).generate(TINY_PROMPTS, cfg)[0])}
+    import jax.numpy as jnp
+    import numpy as np
+
+    drafted = {}
+    for name, mesh in (("mesh", mesh42), ("ref", None)):
+        gen = SpeculativeGenerator(model, tok, drafter=_counting_drafter(), draft_params={"start": jnp.arange(3)},
+                                   mesh=mesh)
+        drafted[name] = (_tokens(gen.generate(TINY_PROMPTS, cfg, spec)[0]), _final_state(gen, cfg, spec), gen)
+    state, gen = drafted["mesh"][1], drafted["mesh"][2]
+    report["stateful_drafter"] = {
+        "tokens": drafted["mesh"][0], "state": np.asarray(state.draft_state).tolist(),
+        "ref_state": np.asarray(drafted["ref"][1].draft_state).tolist(), "state_spec": _spec_of(state.draft_state),
+        "draft_params_devices": len(gen.draft_params["start"].sharding.device_set),
+        "draft_params_spec": _spec_of(gen.draft_params["start"])}
     errors = {}
     for name, make in (("mesh_3", lambda: sh.make_mesh(3, 1)), ("kv_heads", lambda: Generator(gqa, tok, mesh=mesh24)),
                        ("axes", lambda: MeshPlan(jax.make_mesh((8,), ("batch",)), gqa.cfg))):

@@ -16,13 +16,14 @@ from specjax.decode.sampling import SamplingConfig, SamplingError
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.params import WeightsError
+from specjax.models.sharding import ShardingError
 from specjax.models.tokenizer import TokenizerError
 
 DEFAULT_PROMPT = "The three most important ideas in computer science are"
 
 # Errors that are the user's input, reported as one line without a traceback.
-USER_ERRORS = (ConfigError, GenerationError, ModelFileError, SamplingError, TokenizerError, WeightsError,
-               FileNotFoundError)
+USER_ERRORS = (ConfigError, GenerationError, ModelFileError, SamplingError, ShardingError, TokenizerError,
+               WeightsError, FileNotFoundError)
 
 
 class OptionError(ValueError):
@@ -50,6 +51,8 @@ class DecodeOptions:
     spec_k: int = 4
     spec_max_ngram: int = 3
     compare_plain: bool = True
+    mesh_data: int = 1
+    mesh_model: int = 1
     output: str | None = None
     quiet: bool = False
 
@@ -110,18 +113,45 @@ def spec_config(opts: DecodeOptions):
     return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram)
 
 
-def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress):
+def device_mesh(opts: DecodeOptions):
+    """The ('data', 'model') mesh of mesh_data= / mesh_model=, or None when both are 1."""
+    if (opts.mesh_data, opts.mesh_model) == (1, 1):
+        return None
+    from specjax.models.sharding import make_mesh
+
+    try:
+        return make_mesh(opts.mesh_data, opts.mesh_model)
+    except ShardingError as e:
+        raise OptionError(f"mesh_data={opts.mesh_data} mesh_model={opts.mesh_model}: {e}") from None
+
+
+def mesh_kwargs(model, mesh, progress) -> dict:
+    """Generator keywords for `mesh`. A kv-head count the 'model' size does not divide (Gemma 3
+    270M has one) is replicated on every 'model' device instead, as tensor-parallel servers do."""
+    if mesh is None:
+        return {}
+    from specjax.models.sharding import LOGICAL_RULES, with_rules
+
+    if model.cfg.n_kv_heads % mesh.shape["model"] == 0:
+        return {"mesh": mesh, "rules": LOGICAL_RULES}
+    progress(f"{model.cfg.n_kv_heads} kv head(s) do not split over mesh_model={mesh.shape['model']}: replicating them")
+    return {"mesh": mesh, "rules": with_rules(kv_heads=None)}
+
+
+def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress, mesh=None):
     """Runs plain or speculative generation; with compare_plain, also plain for the speedup."""
     from specjax.decode.speculative import SpeculativeGenerator
 
+    on_mesh = mesh_kwargs(model, mesh, progress)
     if spec_cfg is None:
-        completions, stats = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+        completions, stats = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress)
         return completions, stats, None
-    completions, stats = SpeculativeGenerator(model, tokenizer).generate(prompts, gen_cfg, spec_cfg, progress)
+    completions, stats = SpeculativeGenerator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, spec_cfg,
+                                                                                     progress)
     if not compare_plain:
         return completions, stats, None
     progress("running plain decoding of the same prompts for the speedup")
-    _, plain = Generator(model, tokenizer).generate(prompts, gen_cfg, progress)
+    _, plain = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress)
     return completions, stats, plain
 
 
@@ -137,13 +167,14 @@ def run(opts: DecodeOptions) -> int:
         prompts = collect_prompts(opts)
         gen_cfg = generate_config(opts)
         spec_cfg = spec_config(opts)
+        mesh = device_mesh(opts)
         from specjax.models.loading import load_model
 
         model, tokenizer = load_model(opts.model, opts.dtype, progress)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
                  f"{opts.dtype}")
         completions, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
-                                              progress)
+                                              progress, mesh)
     except (*USER_ERRORS, OptionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,9 @@ def test_unknown_option_is_named():
     ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram)"),
     ({"spec": "bogus"}, "spec='bogus' is unknown"),
     ({"spec": "ngram", "spec_k": 0}, "k must be a positive integer"),
+    ({"mesh_data": 2}, "mesh_data=2 mesh_model=1: mesh data=2 x model=1 needs 2 devices, which does not divide "
+                       "the 1 available cpu device(s)"),
+    ({"mesh_model": 0}, "mesh_data=1 mesh_model=0: mesh model size must be a positive integer, got 0"),
 ])
 def test_bad_options_give_one_clear_line(capsys, opts, message):
     assert run(DecodeOptions(quiet=True, **opts)) == 2

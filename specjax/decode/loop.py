@@ -138,7 +138,9 @@ def generate_program(
         active_b = ~s.done_b
         key, sub = jax.random.split(s.key)
         tok_b = sample(model.logits(s.hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
-        jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, tok_b), lambda: None)
+        # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
+        # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
+        jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
         s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables)
         # One forward after the last token is wasted; skipping it would need a cond around
         # the cache update, which costs more than it saves.

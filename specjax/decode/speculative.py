@@ -83,7 +83,7 @@ def speculative_program(
     key, sub = jax.random.split(key)
     # The first token comes from the prefill, exactly as in the plain loop.
     first_b = sample(model.logits(last_hidden_b1d)[:, 0], sub, sampling, temperature, top_p)
-    jax.debug.callback(loop.CLOCK.mark, first_b)
+    jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
     n_stop = 0 if stop_tables is None else stop_tables.count
     hist_bl = jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt)

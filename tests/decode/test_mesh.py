@@ -70,7 +70,10 @@ def test_params_and_cache_are_sharded_by_the_rules(tiny_report):
     assert placed["cache"] == ["data", "None", "model", "None"] and placed["cache_shard"][0] == 4
     assert placed["cache_shard"][2] == 1  # 4 kv heads over model=4
     assert placed["prompt"] == ["data"]
-    assert tiny_report["collectives_8x1"] == ["all-gather", "all-reduce"]  # no weight or activation traffic
+    # Pure data parallelism: devices exchange a few token ids and the loop's "all done" flag, never
+    # weights or activations (no floating-point collective at all).
+    collectives = tiny_report["collectives_8x1"]
+    assert collectives and not any(f in c for c in collectives for f in ("f16", "f32", "f64")), collectives
 
 
 def test_partial_batch_sampling_and_replicated_kv(tiny_report):
@@ -101,8 +104,8 @@ def test_mesh_errors_are_clear(tiny_report):
 def test_real_model_mesh_greedy_equals_single_device():
     report = run_worker("real", timeout=1800)
     print(json.dumps(report["timing"]))
-    assert report["mesh_8x1"] == report["ref"]
-    assert report["mesh_4x2_kv_replicated"] == report["ref"]
+    assert report["float32_2x4"] == report["float32_1dev"]
+    assert report["bfloat16_8x1"] == report["bfloat16_1dev"]
     assert report["second_call_programs"] == 0
 
 
@@ -200,7 +203,7 @@ def _tiny_worker() -> dict:
         if (data, size) == (8, 1):
             hlo = next(iter(plain._programs.values())).as_text()
             report["collectives_8x1"] = sorted(set(re.findall(
-                r"\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\(", hlo)))
+                r"= (\S+) (?:all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)(?:-start)?\(", hlo)))
 
     mesh42 = sh.make_mesh(4, 2)
     six = GenerateConfig(max_new_tokens=16, batch_size=6)
@@ -243,23 +246,36 @@ def _tiny_worker() -> dict:
 
 
 def _real_worker() -> dict:
+    """Gemma 3 270M, batch 8 greedy: one device vs meshes, each timed after its compilation.
+
+    Memory decides the layouts: every 'data' replica holds a full copy of the weights (1.1 GB in
+    float32), so data=8 runs in bfloat16 (8 x 0.55 GB); float32 runs on (2, 4) (2 copies, the
+    weights split over 4 devices). Generators are freed one after another.
+    """
+    import gc
+
     from specjax.decode.generate import GenerateConfig, Generator
     from specjax.models import sharding as sh
     from specjax.models.loading import load_model
 
-    model, tok = load_model(None)
     cfg = GenerateConfig(max_new_tokens=32, batch_size=8, ignore_eos=True)
     kv_replicated = sh.with_rules(kv_heads=None)  # Gemma 3 270M has one kv head
-    gens = {"ref": Generator(model, tok), "mesh_8x1": Generator(model, tok, mesh=sh.make_mesh(8, 1)),
-            "mesh_4x2_kv_replicated": Generator(model, tok, mesh=sh.make_mesh(4, 2), rules=kv_replicated)}
     report, timing = {}, {}
-    for name, gen in gens.items():
-        report[name] = _tokens(gen.generate(REAL_PROMPTS, cfg)[0])  # compiles
-    for name, gen in gens.items():  # timed after compilation, in the same run, back to back
-        t0 = time.perf_counter()
-        _, stats = gen.generate(REAL_PROMPTS, cfg)
-        timing[name] = {"tok_s": stats.tokens_per_s, "wall_s": time.perf_counter() - t0,
-                        "ms_per_step": stats.ms_per_token, "compiled": stats.compiled}
+    for dtype, mesh_shape in (("float32", (2, 4)), ("bfloat16", (8, 1))):
+        model, tok = load_model(None, dtype)
+        for shape in (None, mesh_shape):
+            name = f"{dtype}_" + ("1dev" if shape is None else f"{shape[0]}x{shape[1]}")
+            gen = (Generator(model, tok) if shape is None else
+                   Generator(model, tok, mesh=sh.make_mesh(*shape), rules=kv_replicated))
+            report[name] = _tokens(gen.generate(REAL_PROMPTS, cfg)[0])  # compiles
+            t0 = time.perf_counter()
+            _, stats = gen.generate(REAL_PROMPTS, cfg)
+            timing[name] = {"tok_s": round(stats.tokens_per_s, 2), "wall_s": round(time.perf_counter() - t0, 2),
+                            "ms_per_step": round(stats.ms_per_token, 1), "compiled": stats.compiled}
+            del gen
+            gc.collect()
+        del model
+        gc.collect()
     report["second_call_programs"] = sum(t["compiled"] for t in timing.values())
     report["timing"] = timing
     return report

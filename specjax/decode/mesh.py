@@ -78,7 +78,7 @@ class MeshPlan:
             return self._batch
 
     def _place_array(self, x, rows: int):
-        is_row = getattr(x, "ndim", 0) >= 1 and x.shape[0] == rows
+        is_row = x.ndim >= 1 and x.shape[0] == rows
         return jax.device_put(x, self._batch if is_row else self._replicated)
 
     def place_args(self, args: tuple, rows: int) -> tuple:

@@ -95,3 +95,13 @@ def test_rule_and_mesh_errors():
     assert mesh.axis_names == ("data", "model") and mesh.shape == {"data": 1, "model": 1}
     assert sh.cache_sharding(mesh).spec == P("data", None, "model", None)
     assert sh.batch_sharding(mesh).spec == P("data")
+
+
+def test_shard_state_places_every_array_with_its_named_sharding():
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
+    state = nnx.split(model)[1]
+    mesh = sh.make_mesh(1, 1)
+    placed = sh.shard_state(state, sh.param_shardings(state, mesh, units=sh.model_units(model.cfg)))
+    assert placed["blocks"][1]["mlp"]["down"]["w"].sharding.spec == P("model", None)
+    assert placed["embed"].sharding.mesh.shape == {"data": 1, "model": 1}
+    assert (placed["embed"] == state["embed"]).all()

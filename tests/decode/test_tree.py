@@ -143,7 +143,7 @@ def test_tree_greedy_cases():
         [5, 5, 1, 0, 3, 4],  # both 0 (-> 2) and 1 (-> 4 -> 5) match; but len 4 cuts node 4 and 5
     ])
     len_b = jnp.array([6, 6, 6, 4])
-    acc, tok, path = tree_greedy_verify(_logits(argmax), tokens, parents, len_b)
+    acc, tok, path = jax.jit(tree_greedy_verify)(_logits(argmax), tokens, parents, len_b)
     assert acc.tolist() == [3, 3, 2, 2]
     assert path[:, :3].tolist() == [[1, 4, 5], [1, 4, 5], [0, 3, -1], [0, 2, -1]]
     # Emitted: the argmax along rows [0, 1 + path…].
@@ -153,8 +153,8 @@ def test_tree_greedy_cases():
 
 def test_tree_greedy_ties_take_the_lowest_index_and_nothing_valid_emits_the_target():
     parents = jnp.array([[-1, -1, -1], [-1, -1, -1]])
-    acc, tok, path = tree_greedy_verify(_logits([[2, 0, 4, 6, 7]] * 2), jnp.array([[1, 2, 2], [2, 2, 2]]), parents,
-                                        jnp.array([3, 0]))
+    tokens = jnp.array([[1, 2, 2], [2, 2, 2]])
+    acc, tok, path = jax.jit(tree_greedy_verify)(_logits([[2, 0, 4, 6, 7]] * 2), tokens, parents, jnp.array([3, 0]))
     assert acc.tolist() == [1, 0] and path[:, 0].tolist() == [1, -1]
     assert tok[0, :2].tolist() == [2, 4] and tok[1, 0] == 2
 
@@ -168,7 +168,7 @@ def test_tree_greedy_on_a_chain_equals_chain_greedy():
                       jnp.asarray(rng.integers(0, v, (64, k)))).astype(jnp.int32)
     len_b = jnp.asarray(rng.integers(0, k + 1, 64), jnp.int32)
     acc_c, tok_c = greedy_verify(logits, draft, len_b)
-    acc_t, tok_t, path = tree_greedy_verify(logits, draft, StaticTree.chain(k).parent_bk(64), len_b)
+    acc_t, tok_t, path = jax.jit(tree_greedy_verify)(logits, draft, StaticTree.chain(k).parent_bk(64), len_b)
     np.testing.assert_array_equal(acc_c, acc_t)
     for i, a in enumerate(np.asarray(acc_c)):
         assert tok_c[i, :a + 1].tolist() == tok_t[i, :a + 1].tolist()

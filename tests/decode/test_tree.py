@@ -1,9 +1,12 @@
 """Token trees: structure helpers against Python oracles, tree forward == chain forward, compaction."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from specjax.decode import tree as tree_lib
 from specjax.decode.tree import MEDUSA_63, StaticTree, TreeError, confident_length
@@ -177,33 +180,43 @@ def test_tree_greedy_on_a_chain_equals_chain_greedy():
 
 
 # --------------------------------------------------------------------------- the tiny model
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, tokens_bt, positions_bt, cache, start_b, mask_btt):
+    model = nnx.merge(graphdef, state)
+    hidden_btd, cache = model(tokens_bt, positions_bt, cache, start_b, mask_btt)
+    return model.logits(hidden_btd), cache
+
+
 def test_tree_forward_equals_chain_forward_along_every_path(tiny_model):
-    """One tree forward gives, at every node, the chain forward's hidden state along the node's
-    path (through depth 6 > the local window 4), and compaction leaves the cache as the chain's."""
+    """One tree forward gives, at every node, the chain forward's logits along the node's path
+    (through depth 6 > the local window 4), and compaction leaves the cache as the chain's."""
+    graphdef, state = nnx.split(tiny_model)
     rng = np.random.default_rng(3)
     prompt = jnp.asarray(rng.integers(3, 64, (1, 7)), jnp.int32)
     parents = np.array([-1, -1, 0, 0, 2, 4, 5, 6, 1], np.int32)  # a depth-6 spine plus side branches
     tokens = jnp.asarray(rng.integers(3, 64, (1, len(parents))), jnp.int32)
     k, slots = len(parents), 24
     pos = prompt.shape[1] - 1
-    _, cache0 = tiny_model(prompt[:, :-1], jnp.arange(pos)[None], tiny_model.init_cache(1, slots), jnp.zeros(1, int))
+    causal = lambda t: jnp.tril(jnp.ones((1, t, t), bool))
+    _, cache0 = _forward(graphdef, state, prompt[:, :-1], jnp.arange(pos)[None], tiny_model.init_cache(1, slots),
+                         jnp.zeros(1, jnp.int32), causal(pos))
     anc = tree_lib.ancestor_mask(jnp.asarray(parents)[None])
     depth = tree_lib.depths(anc)
     block = jnp.concatenate([prompt[:, -1:], tokens], axis=1)
-    start = jnp.array([pos])
-    hid_tree, cache_tree = tiny_model(block, tree_lib.block_positions(start, depth), cache0, start,
-                                      tree_lib.block_mask(anc))
-    logits_tree = tiny_model.logits(hid_tree)
+    start = jnp.array([pos], jnp.int32)
+    logits_tree, cache_tree = _forward(graphdef, state, block, tree_lib.block_positions(start, depth), cache0, start,
+                                       tree_lib.block_mask(anc))
     anc_np, depth_np = oracle_ancestors(parents)
     leaves = [j for j in range(k) if j not in parents]
     for leaf in leaves:
         path = [i for i in range(k) if anc_np[leaf, i]]  # ancestors in index order = root-to-leaf order
-        chain = jnp.concatenate([prompt[:, -1:], tokens[:, path]], axis=1)
-        hid_chain, cache_chain = tiny_model(chain, pos + jnp.arange(len(path) + 1)[None], cache0, start)
-        rows = [0] + [1 + i for i in path]
-        np.testing.assert_allclose(logits_tree[0, rows], tiny_model.logits(hid_chain)[0], rtol=1e-5, atol=1e-5)
-        # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         d = len(path)
+        chain = jnp.concatenate([prompt[:, -1:], tokens[:, path]], axis=1)
+        logits_chain, cache_chain = _forward(graphdef, state, chain, pos + jnp.arange(d + 1)[None], cache0, start,
+                                             causal(d + 1))
+        rows = [0] + [1 + i for i in path]
+        np.testing.assert_allclose(logits_tree[0, rows], logits_chain[0], rtol=1e-5, atol=1e-5)
+        # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         moved = move_slots(cache_tree, jnp.asarray([[pos + 1 + i for i in path]]), pos + 1 + jnp.arange(d)[None])
         for got, want in zip(moved.k + moved.v, cache_chain.k + cache_chain.v, strict=True):
             np.testing.assert_allclose(got[0, :pos + 1 + d], want[0, :pos + 1 + d], rtol=1e-5, atol=1e-6)

@@ -88,6 +88,25 @@ def test_medusa_tree():
     assert StaticTree.chain(3).paths == ((0,), (0, 0), (0, 0, 0))
 
 
+def test_static_tree_from_accuracies_is_the_best_tree_by_brute_force():
+    acc = [[0.7, 0.2, 0.1], [0.6, 0.25, 0.1], [0.5, 0.3, 0.1]]
+    all_paths = [p for d in range(1, 4) for p in np.ndindex(*(3,) * d)]
+    value = {p: float(np.prod([acc[d][r] for d, r in enumerate(p)])) for p in all_paths}
+    for size in (1, 4, 9):
+        tree = StaticTree.from_accuracies(acc, size)
+        assert tree.size == size
+        # The best possible: the top `size` node values (any such set is closed under parents).
+        best = sorted(value.values(), reverse=True)[:size]
+        assert sum(value[p] for p in tree.paths) == pytest.approx(sum(best))
+    assert StaticTree.from_accuracies(acc, 4).paths == ((0,), (1,), (0, 0), (0, 0, 0))
+    with pytest.raises(TreeError, match="tree size 40 must be in 1..39"):
+        StaticTree.from_accuracies(acc, 40)
+    with pytest.raises(TreeError, match=r"lie in \[0, 1\]"):
+        StaticTree.from_accuracies([[1.5]], 1)
+    with pytest.raises(TreeError, match="equal-length rows"):
+        StaticTree.from_accuracies([[0.5, 0.2], [0.5]], 2)
+
+
 @pytest.mark.parametrize("paths, message", [
     ([(0,), (1, 0)], r"tree path \(1, 0\) has no parent: its prefix \(1,\)"),
     ([(0,), (0,)], r"duplicate tree path \(0,\)"),

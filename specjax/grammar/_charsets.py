@@ -109,10 +109,13 @@ def not_space() -> Intervals:
     return complement(union(_python_class(r"\s"), ecma_only))
 
 
+QUOTE = "\\x22"  # '"' in regex text: lark mangles a backslash followed by a raw quote inside /.../
+
+
 def _char(cp: int) -> str:
     """One character inside a regex character class, readable by `re` and interegular."""
     c = chr(cp)
-    if cp < 0x20 or cp == 0x7F:
+    if cp < 0x20 or cp == 0x7F or c == '"':
         return f"\\x{cp:02x}"
     if c in "\\]-[^/":
         return "\\" + c
@@ -144,7 +147,7 @@ def escape_text(text: str) -> str:
     out = []
     for c in text:
         cp = ord(c)
-        if cp < 0x20 or cp == 0x7F:
+        if cp < 0x20 or cp == 0x7F or c == '"':
             out.append(f"\\x{cp:02x}")
         elif c in _SPECIAL:
             out.append("\\" + c)

@@ -98,8 +98,8 @@ def value_ok(value, node: dict, path: str) -> bool:
     if vt not in allowed and not (vt == "integer" and "number" in allowed):
         return False
     for kw in node:
-        if kw in ANNOTATIONS or kw in ("type", "enum", "const"):
-            continue
+        if kw in ANNOTATIONS or kw in ("type", "enum", "const") or kw not in SUPPORTED:
+            continue  # unknown keywords do not take part in validation
         if kw in STRING_KEYS | NUMBER_KEYS | OBJECT_KEYS | ARRAY_KEYS and not _applies(kw, vt):
             continue
         if kw == "minLength" and len(value) < node[kw] or kw == "maxLength" and len(value) > node[kw]:

@@ -11,13 +11,22 @@ from specjax.grammar._json_formats import FORMATS
 from specjax.grammar._json_schema_logic import SchemaError
 from specjax.grammar._regex_ranges import int_range, number_range
 
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
 _MAX_SAFE = 2**53
 
 
 def lark_literal(text: str) -> str:
     """A Lark string literal matching exactly `text` (JSON text: no raw control characters)."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def json_string_terminal(content: str) -> str:
+    """A /regex/ terminal for a JSON string: quotes around `content` (regex over the escaped text).
+
+    Quotes are written \\x22: lark rewrites a backslash-quote pair inside /.../, which would turn
+    an escaped backslash followed by a quote into an escaped quote.
+    """
+    return f"/{cs.QUOTE}{content}{cs.QUOTE}/"
 
 
 def _pointer(name: str) -> str:
@@ -144,7 +153,7 @@ class TypeEmitter:
             alts += [cs.json_class_text(cs.of_chars(k)) + walk(node[k]) for k in kids]
             return "(?:" + "|".join(alts) + ")"
 
-        return f'/"{walk(trie)}"/'
+        return json_string_terminal(walk(trie))
 
     # ----------------------------------------------------------------------------------- arrays
     def array(self, node: dict, path: str) -> str | None:
@@ -220,9 +229,9 @@ class TypeEmitter:
             return None
         body, width = self._string_body(node, path)
         if body is None:
-            return f'/"{_repeat(cs.json_class_text(cs.ANY), lo, hi)}"/'
+            return json_string_terminal(_repeat(cs.json_class_text(cs.ANY), lo, hi))
         if lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi)):
-            return f'/"{body}"/'  # the length bounds hold for every string of the pattern/format
+            return json_string_terminal(body)  # the length bounds hold for every string of the pattern/format
         simple = rx.class_repeat(node["pattern"]) if "pattern" in node else None
         if simple is None:
             kw = "minLength" if lo > width[0] else "maxLength"
@@ -232,7 +241,7 @@ class TypeEmitter:
         a, b = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
         if b is not None and a > b:
             return None
-        return f'/"{_repeat(cs.json_class_text(chars), a, b)}"/'
+        return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
 
     def _string_body(self, node: dict, path: str):
         fmt, pattern = node.get("format"), node.get("pattern")
@@ -266,13 +275,14 @@ class TypeEmitter:
             ihi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
             text = int_range(ilo, ihi)
         elif lo is None and hi is None:
-            text = _NUMBER
+            text = NUMBER_REGEX
         else:
             for kw, b in (("minimum", lo), ("maximum", hi)):
                 if b is not None and (not float(b).is_integer() or abs(b) > _MAX_SAFE):
                     raise SchemaError(kw, path, f"bound {b!r} on a non-integer number: only integer bounds up to "
                                                 "2**53 are compiled exactly")
-            text = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
+            alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
+            return " | ".join(f"/{a}/" for a in alts) or None
         return None if text is None else f"/{text}/"
 
     def _bounds(self, node: dict, path: str):

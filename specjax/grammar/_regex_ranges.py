@@ -99,8 +99,11 @@ def _nonneg_decimal(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool, cap: 
     return alts
 
 
-def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -> str | None:
-    """Regex for decimal numbers x (no exponent) within integer bounds; None when the range is empty.
+def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -> list[str]:
+    """Regexes whose union is the decimal numbers x (no exponent) within integer bounds ([] when empty).
+
+    Separate regexes rather than one alternation: each is safe for first-match lexing on its own,
+    while e.g. "-12" (a prefix of "-127") would win inside a single alternation.
 
     Exclusive bounds cap the fraction's first non-zero digit so that float rounding in a validator
     (json.loads then compare) cannot turn x into the bound itself.
@@ -119,6 +122,4 @@ def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -
         y_lo = 0 if hi is None or hi >= 0 else -hi
         y_lo_excl = y_lo == 0 or hi_excl
         alts += ["-" + a for a in _nonneg_decimal(y_lo, y_lo_excl, None if lo is None else -lo, lo_excl, cap)]
-    if not alts:
-        return None
-    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+    return alts

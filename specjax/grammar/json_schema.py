@@ -21,7 +21,7 @@ from urllib.parse import unquote
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._json_schema_logic import SchemaError
-from specjax.grammar._json_schema_types import TypeEmitter
+from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 
@@ -142,7 +142,7 @@ class _Compiler:
         """Rules for an unconstrained JSON value (schema `true` or `{}`)."""
         if "any_value" not in self.rules:
             w, char = self.ws, cs.json_class_text(cs.ANY)
-            string, number = f'/"{char}*"/', r"/-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?/"
+            string, number = f"/{cs.QUOTE}{char}*{cs.QUOTE}/", f"/{NUMBER_REGEX}/"
             self.rules["any_value"] = f'any_object | any_array | {string} | {number} | "true" | "false" | "null"'
             self.rules["any_object"] = (f'"{{"{w} (any_pair ({w} ","{w} any_pair)*)?{w} "}}"')
             self.rules["any_pair"] = f'{string}{w} ":"{w} any_value'

@@ -272,60 +272,88 @@ def class_repeat(pattern: str) -> tuple[cs.Intervals, int, int | None] | None:
     return chars[op](), lo, None if hi == C.MAXREPEAT else hi
 
 
-def regex_to_lark(pattern: str) -> str:
+def regex_to_lark(pattern: str, form: str = "rules") -> str:
     """A Lark grammar (start rule `start`) whose language is exactly the strings `pattern` full-matches.
 
-    Non-nullable parts become /regex/ terminals; nullable top-level structure becomes EBNF (lark
-    rejects terminals that match the empty string).
+    Args:
+      pattern: the regex (Python `re` syntax; `^`/`$` at the ends are no-ops).
+      form: "rules" (default): alternation and repetition become grammar rules over literal and
+        one-character-class terminals, so lark's Earley parser accepts exactly the language.
+        "terminal": one /regex/ terminal per non-nullable part. Same language for a compiler that
+        builds automata from terminals, but lark lexes a terminal with Python's first-match
+        alternation, so lark itself rejects e.g. "ab" for `a|ab` in this form.
+
+    Raises:
+      RegexError: unsupported construct or syntax error (the message has the column).
     """
+    if form not in ("rules", "terminal"):
+        raise ValueError(f"form must be 'rules' or 'terminal', got {form!r}")
     tree = _parse(pattern)
-    emitter = _Emitter(pattern, cs.class_text)
-    alts = _alternatives(pattern, tree)
-    lowered = [_lower(emitter, body) for _, body, _ in alts]
-    nonempty = [x for x in lowered if x]
-    body = " | ".join(f"({x})" if len(nonempty) > 1 else x for x in nonempty)
-    if len(nonempty) < len(lowered) and body:
-        body = f"({body})?"
-    return f"start: {body}\n"
+    lower = _Lowering(_Emitter(pattern, cs.class_text), terminal=form == "terminal")
+    alts = [lower.seq(body) for _, body, _ in _alternatives(pattern, tree)]
+    return f"start: {_union(alts)}\n"
+
+
+def _union(alts: list[str]) -> str:
+    """EBNF alternation where "" (the empty string) is an alternative."""
+    nonempty = list(dict.fromkeys(a for a in alts if a))
+    if not nonempty:
+        return ""
+    body = nonempty[0] if len(nonempty) == 1 else "(" + " | ".join(nonempty) + ")"
+    return f"({body})?" if len(nonempty) < len(alts) else body
 
 
 def _nullable(items) -> bool:
     return sre_parse.SubPattern(sre_parse.State(), list(items)).getwidth()[0] == 0
 
 
-def _lower(emitter: _Emitter, items) -> str:
-    """EBNF for a sequence: one terminal when non-nullable, else structure down to non-nullable parts."""
-    if not items:
-        return ""
-    if not _nullable(items):
-        return f"/{emitter.seq(items)}/"
-    parts = []
-    for op, av in items:
+class _Lowering:
+    """Regex parse tree → Lark EBNF; `terminal`: stop at the first non-nullable part (one /regex/)."""
+
+    def __init__(self, emitter: _Emitter, terminal: bool):
+        self.emitter, self.terminal = emitter, terminal
+
+    def seq(self, items) -> str:
+        items = list(items)
+        if not items:
+            return ""
+        if self.terminal and not _nullable(items):
+            return f"/{self.emitter.seq(items)}/"
+        parts, run = [], []
+        for op, av in items:
+            if op is C.LITERAL and 0x20 <= av < 0x7F and chr(av) not in '"\\':
+                run.append(chr(av))  # printable literals merge into one string terminal
+                continue
+            if run:
+                parts.append('"' + "".join(run) + '"')
+                run = []
+            parts.append(self.item(op, av))
+        if run:
+            parts.append('"' + "".join(run) + '"')
+        return " ".join(p for p in parts if p)
+
+    def item(self, op, av) -> str:
+        if op in (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN):
+            return f"/{self.emitter.item(op, av)}/"
         if op is C.SUBPATTERN:
-            parts.append(_lower_group(emitter, op, av, av[3]))
-        elif op is C.BRANCH:
-            alts = [_lower(emitter, alt) for alt in av[1]]
-            nonempty = [a for a in alts if a]
-            parts.append(f"({' | '.join(nonempty)})?" if nonempty else "")
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
-            parts.append(_lower_repeat(emitter, *av))
-        else:
-            raise emitter._unsupported(op)
-    return " ".join(p for p in parts if p)
+            if av[1] or av[2]:
+                self.emitter.item(op, av)  # raises the inline-flag refusal
+            inner = self.seq(av[3])
+            return f"({inner})" if inner else ""
+        if op is C.BRANCH:
+            return _union([self.seq(alt) for alt in av[1]])
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            return self.repeat(*av)
+        raise self.emitter._unsupported(op)
 
-
-def _lower_group(emitter, op, av, sub) -> str:
-    if av[1] or av[2]:
-        emitter.item(op, av)  # raises the inline-flag refusal
-    inner = _lower(emitter, sub)
-    return f"({inner})" if inner else ""
-
-
-def _lower_repeat(emitter: _Emitter, lo: int, hi: int, sub) -> str:
-    if _nullable(sub):
-        raise RegexError(f"regex {emitter.pattern!r}: a repeated sub-pattern that can match the empty string "
-                         "is not supported when the whole regex can match the empty string")
-    atom = f"/{emitter.seq(sub)}/"
-    if hi == C.MAXREPEAT:
-        return f"{atom}*" if lo == 0 else f"{atom}+" if lo == 1 else f"{atom}~{lo} {atom}*"
-    return f"{atom}?" if (lo, hi) == (0, 1) else f"{atom}~{lo}..{hi}"
+    def repeat(self, lo: int, hi: int, sub) -> str:
+        if _nullable(sub):  # (a?)* has infinitely many parses of "": lark's Earley does not accept it
+            raise RegexError(f"regex {self.emitter.pattern!r}: a repeated sub-pattern that can match the empty "
+                             "string is not supported")
+        atom = self.seq(sub)
+        atom = f"({atom})"
+        if hi == C.MAXREPEAT:
+            return f"{atom}*" if lo == 0 else f"{atom}+" if lo == 1 else f"{atom}~{lo} {atom}*"
+        if hi == 0:
+            return ""
+        return f"{atom}?" if (lo, hi) == (0, 1) else f"{atom}~{lo}" if lo == hi else f"{atom}~{lo}..{hi}"

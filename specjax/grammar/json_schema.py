@@ -113,13 +113,18 @@ class _Compiler:
             lines.append(self.ws_terminal)
         return "\n".join(lines) + "\n"
 
-    def rule(self, node, path: str) -> str:
-        """Name of the rule for the schema at `path` (created on first use; cycles refer back to it)."""
-        if path in self.names:
-            return self.names[path]
+    def rule(self, node, path: str, key: str | None = None) -> str:
+        """Name of the rule for the schema at `path` (created on first use; cycles refer back to it).
+
+        `key` (default: `path`) identifies the schema for memoization when a node is derived from
+        the one at `path` (an anyOf branch merged with its siblings).
+        """
+        key = path if key is None else key
+        if key in self.names:
+            return self.names[key]
         if node is True or node == {}:
             return self.any_value()
-        name = self.names[path] = self._new_name(path)
+        name = self.names[key] = self._new_name(path)
         self.rules[name] = ""  # reserve: a $ref cycle reaching this path uses the name
         self.rules[name] = self.expr(node, path)
         return name
@@ -235,7 +240,10 @@ class _Compiler:
             elif not isinstance(branch, dict):
                 continue  # a false branch contributes nothing to a union
             flat, fpath = self.flatten(branch, bpath)
-            flats.append((logic.merge(rest, flat, bpath), fpath if not rest else bpath))
+            if rest:  # siblings distribute into each branch: a derived schema, memoized apart from the branch
+                flats.append((logic.merge(rest, flat, bpath), bpath, f"{bpath} & siblings"))
+            else:
+                flats.append((flat, fpath, fpath))
         if kw == "oneOf":
             for i in range(len(flats)):
                 for j in range(i + 1, len(flats)):
@@ -245,4 +253,4 @@ class _Compiler:
                                                          "required discriminator) are supported")
         if not flats:
             raise SchemaError(kw, path, "no branch can match (empty language)")
-        return " | ".join(self.rule(flat, fpath) for flat, fpath in flats)
+        return " | ".join(self.rule(flat, fpath, key) for flat, fpath, key in flats)

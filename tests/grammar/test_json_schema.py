@@ -62,6 +62,10 @@ SCHEMAS = {
     "draft4": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer", "minimum": 3,
                "exclusiveMinimum": True, "maximum": 9},
     "no_type": {"properties": {"a": {"type": "integer"}}, "minLength": 2},
+    "odd_keys": {"type": "object", "properties": {k: {"const": k} for k in ['a"b', "c\\d", "e\u0001", "ü", "/", "~1"]},
+                 "required": ['a"b', "e\u0001"], "additionalProperties": {"type": "integer"}},
+    "ref_into_branch": {"anyOf": [{"type": "object", "properties": {"p": {"$ref": "#/anyOf/1"}}},
+                                  {"type": "string"}], "maxLength": 2},
 }
 
 
@@ -126,6 +130,9 @@ def test_generated_outputs_validate_and_parse(name):
                                                                              '{"id":1,"note":"n","id":"q"}']),
     ("numbers", ["[-1.99999,0,1.5]"], ["[-2]", "[2.0]", "[1e0]"]),
     ("draft4", ["4", "9"], ["3", "10"]),
+    ("odd_keys", ['{"a\\"b":"a\\"b","e\\u0001":"e\\u0001"}', '{"a\\"b":"a\\"b","e\\u0001":"e\\u0001","x":1}'],
+     ['{"a\\"b":"a\\"b"}', '{"a\\"b":"a\\"b","e\\u0001":"e\\u0001","ü":1}']),
+    ("ref_into_branch", ['"ab"', '{"p":"abcd"}'], ['"abc"', "7"]),
     ("no_type", ['{"a":1}', '"ab"', "true", "[1]"], ['{"a":"x"}', '"a"']),
 ])
 def test_valid_instances_parse_invalid_ones_do_not(name, valid, invalid):

@@ -50,6 +50,11 @@ class SchemaError(ValueError):
         self.keyword, self.path, self.why = keyword, path, why
 
 
+class EmptySchemaError(SchemaError):
+    """A schema no value satisfies. Where a value is optional (an optional property, an array tail,
+    a union branch) the compiler drops that part instead, which is exact."""
+
+
 def canonical(value) -> str:
     """Compact JSON text of a value (the form in which enum/const values are generated)."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -161,7 +166,7 @@ def _merge_keyword(kw: str, va, vb, a: dict, b: dict, path: str):
     if kw == "type":
         both = type_set(a, path) & type_set(b, path)
         if not both:
-            raise SchemaError("allOf", path, "branches require disjoint types (empty language)")
+            raise EmptySchemaError("allOf", path, "branches require disjoint types (empty language)")
         return sorted(both - {"integer"} if "number" in both else both)
     if kw == "required":
         return list(dict.fromkeys([*va, *vb]))
@@ -215,8 +220,13 @@ def disjoint(a: dict, b: dict, path: str) -> bool:
 
 
 def _value_set(node) -> set[str] | None:
+    """Canonical texts of the only values the node admits (None: not a finite set we can see)."""
     if not isinstance(node, dict):
         return None
+    if isinstance(node.get("allOf"), list):  # an instance matches every part: any finite part bounds it
+        sets = [v for v in map(_value_set, node["allOf"]) if v is not None]
+        if sets:
+            return set.intersection(*sets)
     if "const" in node:
         return {canonical(_norm(node["const"]))}
     if "enum" in node and isinstance(node["enum"], list):

@@ -8,7 +8,7 @@ from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_formats import FORMATS
-from specjax.grammar._json_schema_logic import SchemaError
+from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._regex_ranges import int_range, number_range
 
 NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
@@ -65,7 +65,7 @@ class TypeEmitter:
             alts.append(self.number(node, path, integer="number" not in types))
         alts = [a for a in alts if a]
         if not alts:
-            raise SchemaError("type", path, "no value satisfies the schema (empty language)")
+            raise EmptySchemaError("type", path, "no value satisfies the schema (empty language)")
         return " | ".join(alts)
 
     # ----------------------------------------------------------------------------------- values
@@ -78,7 +78,7 @@ class TypeEmitter:
             vals = [v for v in vals if logic.canonical(v) == logic.canonical(node["const"])]
         texts = list(dict.fromkeys(logic.canonical(v) for v in vals if logic.value_ok(v, node, path)))
         if not texts:
-            raise SchemaError(kw, path, "no listed value satisfies the rest of the schema (empty language)")
+            raise EmptySchemaError(kw, path, "no listed value satisfies the rest of the schema (empty language)")
         return " | ".join(lark_literal(t) for t in texts)
 
     # ---------------------------------------------------------------------------------- objects
@@ -91,21 +91,31 @@ class TypeEmitter:
         for name, sub in props.items():
             if sub is False:
                 if name in required:
-                    raise SchemaError("required", path, f"property {name!r} is required but its schema is false")
+                    raise EmptySchemaError("required", path, f"property {name!r} is required but its schema is false")
                 continue
             members.append((name, sub, f"{path}/properties/{_pointer(name)}", name in required))
         for name in dict.fromkeys(required):
             if name not in props:
                 if extra is False:
-                    raise SchemaError("required", path, f"property {name!r} is required but not in properties and "
+                    raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
                                                         "additionalProperties is false (empty language)")
                 members.append((name, extra, f"{path}/additionalProperties", True))
-        pairs = [(self._pair(logic.canonical(n), s, p), req) for n, s, p, req in members]
+        pairs = []
+        for n, s, p, req in members:
+            try:
+                pairs.append((self._pair(logic.canonical(n), s, p), req))
+            except EmptySchemaError:
+                if req:
+                    raise
+                # an optional property whose schema nothing satisfies can only be absent (exact)
         tail = None
         if extra is not False and not self.c.options.strict_objects:
             key = self._key_not_in([n for n, *_ in members] + list(props))
-            value = self.c.rule(extra, f"{path}/additionalProperties")
-            tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
+            try:
+                value = self.c.rule(extra, f"{path}/additionalProperties")
+                tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
+            except EmptySchemaError:
+                tail = None
         body = self._members(pairs, tail, path)
         w = self.c.ws
         return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
@@ -172,8 +182,15 @@ class TypeEmitter:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
         if hi is not None and lo > hi:
             return None
-        elems = [self.c.rule(p, f"{path}/{prefix_kw}/{i}") for i, p in enumerate(prefix)]
-        more = None if rest is False else self.c.rule(rest, rest_path)
+        elems, more = [], None
+        try:  # an item schema nothing satisfies ends the array before that position (exact)
+            for i, p in enumerate(prefix):
+                elems.append(self.c.rule(p, f"{path}/{prefix_kw}/{i}"))
+            more = None if rest is False else self.c.rule(rest, rest_path)
+        except EmptySchemaError:
+            hi = len(elems) if hi is None else min(hi, len(elems))
+            if lo > hi:
+                raise
         w = self.c.ws
         body = self._items(elems, more, lo, hi, 0)
         return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
-from specjax.grammar._json_schema_logic import SchemaError
+from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
@@ -124,9 +124,16 @@ class _Compiler:
             return self.names[key]
         if node is True or node == {}:
             return self.any_value()
+        rules_before, names_before = list(self.rules), dict(self.names)
         name = self.names[key] = self._new_name(path)
         self.rules[name] = ""  # reserve: a $ref cycle reaching this path uses the name
-        self.rules[name] = self.expr(node, path)
+        try:
+            self.rules[name] = self.expr(node, path)
+        except SchemaError:  # roll back rules made meanwhile: they may refer to this one
+            for added in list(self.rules)[len(rules_before):]:
+                del self.rules[added]
+            self.names = names_before
+            raise
         return name
 
     def rule_text(self, path: str, body: str) -> str:
@@ -160,7 +167,7 @@ class _Compiler:
         if node is True or node == {}:
             return self.any_value()
         if node is False:
-            raise SchemaError("false", path, "schema false matches nothing (empty language)")
+            raise EmptySchemaError("false", path, "schema false matches nothing (empty language)")
         if not isinstance(node, dict):
             raise SchemaError("(schema)", path, f"a schema must be an object or boolean, got {type(node).__name__}")
         if "$ref" in node and (self.draft <= 7 or all(k in logic.ANNOTATIONS for k in node if k != "$ref")):
@@ -168,7 +175,7 @@ class _Compiler:
             # recursive schemas become recursive rules.
             target, target_path = self.resolve(node["$ref"], path)
             if target is False:
-                raise SchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
+                raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
             return self.rule(target, target_path)
         node, path = self.flatten(node, path)
         for kw in ("anyOf", "oneOf"):
@@ -186,7 +193,7 @@ class _Compiler:
             siblings = {k: v for k, v in node.items() if k != "$ref"}
             if self.draft <= 7 or all(k in logic.ANNOTATIONS for k in siblings):
                 if target is False:
-                    raise SchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
+                    raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
                 if not isinstance(target, dict):
                     return {}, target_path
                 return self.flatten(target, target_path, depth + 1)
@@ -197,7 +204,7 @@ class _Compiler:
                 if branch is True:
                     continue
                 if not isinstance(branch, dict):
-                    raise SchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing (empty language)")
+                    raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing (empty language)")
                 flat, _ = self.flatten(branch, f"{path}/allOf/{i}", depth + 1)
                 merged = logic.merge(merged, flat, path)
             return self.flatten(merged, path, depth + 1) if "allOf" in merged or "$ref" in merged else (merged, path)
@@ -232,18 +239,21 @@ class _Compiler:
         other = "oneOf" if kw == "anyOf" else "anyOf"
         if other in rest:
             raise SchemaError(other, path, "anyOf and oneOf in one schema are not supported")
-        flats = []
+        flats, names = [], []
         for i, branch in enumerate(branches):
             bpath = f"{path}/{kw}/{i}"
             if branch is True:
                 branch = {}
             elif not isinstance(branch, dict):
                 continue  # a false branch contributes nothing to a union
-            flat, fpath = self.flatten(branch, bpath)
-            if rest:  # siblings distribute into each branch: a derived schema, memoized apart from the branch
-                flats.append((logic.merge(rest, flat, bpath), bpath, f"{bpath} & siblings"))
-            else:
-                flats.append((flat, fpath, fpath))
+            try:
+                flat, fpath = self.flatten(branch, bpath)
+                if rest:  # siblings distribute into each branch: a derived schema, memoized apart from it
+                    flats.append((logic.merge(rest, flat, bpath), bpath, f"{bpath} & siblings"))
+                else:
+                    flats.append((flat, fpath, fpath))
+            except EmptySchemaError:
+                continue  # a branch nothing satisfies adds nothing to the union
         if kw == "oneOf":
             for i in range(len(flats)):
                 for j in range(i + 1, len(flats)):
@@ -252,5 +262,12 @@ class _Compiler:
                                                          "only provably disjoint branches (types, const/enum, "
                                                          "required discriminator) are supported")
         if not flats:
-            raise SchemaError(kw, path, "no branch can match (empty language)")
-        return " | ".join(self.rule(flat, fpath, key) for flat, fpath, key in flats)
+            raise EmptySchemaError(kw, path, "no branch can match (empty language)")
+        for flat, fpath, key in flats:
+            try:
+                names.append(self.rule(flat, fpath, key))
+            except EmptySchemaError:
+                continue  # a branch nothing satisfies adds nothing to the union
+        if not names:
+            raise EmptySchemaError(kw, path, "no branch can match (empty language)")
+        return " | ".join(names)

@@ -99,12 +99,20 @@ def _parse(pattern: str) -> sre_parse.SubPattern:
 
 
 def _strip_anchors(items: list) -> tuple[bool, list, bool]:
-    """(anchored at start, body, anchored at end); anchors anywhere else are refused."""
+    """(anchored at start, body, anchored at end); anchors anywhere else are refused later.
+
+    Looks through one enclosing group: `(^a+$)` is anchored like `^a+$`.
+    """
     start = end = False
     while items and items[0] == (C.AT, C.AT_BEGINNING):
         items, start = items[1:], True
     while items and items[-1] == (C.AT, C.AT_END):
         items, end = items[:-1], True
+    if len(items) == 1 and items[0][0] is C.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
+        inner = list(items[0][1][3])
+        if inner and (inner[0] == (C.AT, C.AT_BEGINNING) or inner[-1] == (C.AT, C.AT_END)):
+            s, body, e = _strip_anchors(inner)
+            return start or s, body, end or e
     return start, list(items), end
 
 

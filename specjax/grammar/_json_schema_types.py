@@ -9,6 +9,7 @@ from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_formats import FORMATS
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
+from specjax.grammar._regex_fsm import TooLarge, fsm_class_text, length_bounded_rules
 from specjax.grammar._regex_ranges import int_range, number_range
 
 NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
@@ -251,14 +252,28 @@ class TypeEmitter:
             return json_string_terminal(body)  # the length bounds hold for every string of the pattern/format
         simple = rx.class_repeat(node["pattern"]) if "pattern" in node else None
         if simple is None:
-            kw = "minLength" if lo > width[0] else "maxLength"
-            raise SchemaError(kw, path, "combined with a pattern/format whose lengths it does not already bound; "
-                                        "only patterns of the form ^[class]{m,n}$ combine with length bounds")
+            return self._length_automaton(node, path, lo, hi, width)
         chars, a, b = simple
         a, b = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
         if b is not None and a > b:
             return None
         return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
+
+    def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
+        """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""
+        fmt = node.get("format")
+        regex = FORMATS[fmt] if fmt in FORMATS else rx.translate(node["pattern"], fsm_class_text, search=True)
+        name = self.c._new_name(f"{path}/length")
+        try:
+            rules = length_bounded_rules(regex, lo, hi, name)
+        except TooLarge as e:
+            kw = "minLength" if lo > width[0] else "maxLength"
+            raise SchemaError(kw, path, f"combined with a pattern/format, the length-bounded automaton has {e}; "
+                                        "not compiled") from None
+        if not rules:
+            return None
+        self.c.rules.update(rules)
+        return f"{name}_s"
 
     def _string_body(self, node: dict, path: str):
         fmt, pattern = node.get("format"), node.get("pattern")

@@ -193,7 +193,8 @@ class _Compiler:
             siblings = {k: v for k, v in node.items() if k != "$ref"}
             if self.draft <= 7 or all(k in logic.ANNOTATIONS for k in siblings):
                 if target is False:
-                    raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
+                    raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema "
+                                                         "(empty language)")
                 if not isinstance(target, dict):
                     return {}, target_path
                 return self.flatten(target, target_path, depth + 1)
@@ -204,7 +205,8 @@ class _Compiler:
                 if branch is True:
                     continue
                 if not isinstance(branch, dict):
-                    raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing (empty language)")
+                    raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing "
+                                                                         "(empty language)")
                 flat, _ = self.flatten(branch, f"{path}/allOf/{i}", depth + 1)
                 merged = logic.merge(merged, flat, path)
             return self.flatten(merged, path, depth + 1) if "allOf" in merged or "$ref" in merged else (merged, path)

@@ -94,6 +94,11 @@ class LarkSampler:
 
     def _char(self, op, av, rng: random.Random) -> str:
         """A random character of a one-character regex item, found by rejection from a biased pool."""
+        if op is C.IN and all(kind in (C.LITERAL, C.RANGE) for kind, _ in av):  # explicit set: pick directly
+            ranges = [(arg, arg) if kind is C.LITERAL else arg for kind, arg in av]
+            printable = [(max(a, 0x20), min(b, 0x7E)) for a, b in ranges if a <= 0x7E and b >= 0x20]
+            a, b = rng.choice(printable if printable and rng.random() < 0.8 else ranges)
+            return chr(rng.randint(a, b))
         rx = re.compile(_item_text(op, av))
         for _ in range(2000):
             roll = rng.random()

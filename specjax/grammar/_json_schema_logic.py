@@ -9,6 +9,8 @@ import json
 import math
 import re
 
+from specjax.grammar._json_formats import FORMATS
+
 TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 
 # Keywords with no effect on validation: ignored on purpose.
@@ -111,6 +113,9 @@ def value_ok(value, node: dict, path: str) -> bool:
             return False
         if kw == "pattern":
             if re.search(node[kw], value) is None:
+                return False
+        elif kw == "format" and node[kw] in FORMATS:
+            if re.fullmatch(FORMATS[node[kw]], value) is None:
                 return False
         elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and isinstance(node[kw], int | float):
             if not _bound_ok(kw, value, node):

@@ -10,6 +10,7 @@ import warnings
 from decimal import Decimal
 from pathlib import Path
 
+import hypothesis_jsonschema as hj
 import jsonschema
 import lark
 import pytest
@@ -66,6 +67,7 @@ SCHEMAS = {
     "draft4": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer", "minimum": 3,
                "exclusiveMinimum": True, "maximum": 9},
     "no_type": {"properties": {"a": {"type": "integer"}}, "minLength": 2},
+    "enum_filtered": {"enum": ["2024-02-29", "2023-02-29", "abc", 7, 8], "format": "date", "maximum": 7},
     "odd_keys": {"type": "object", "properties": {k: {"const": k} for k in ['a"b', "c\\d", "e\u0001", "ü", "/", "~1"]},
                  "required": ['a"b', "e\u0001"], "additionalProperties": {"type": "integer"}},
     "ref_into_branch": {"anyOf": [{"type": "object", "properties": {"p": {"$ref": "#/anyOf/1"}}},
@@ -140,6 +142,7 @@ def test_generated_outputs_validate_and_parse(name):
      ['{"a\\"b":"a\\"b"}', '{"a\\"b":"a\\"b","e\\u0001":"e\\u0001","ü":1}']),
     ("ref_into_branch", ['"ab"', '{"p":"abcd"}'], ['"abc"', "7"]),
     ("no_type", ['{"a":1}', '"ab"', "true", "[1]"], ['{"a":"x"}', '"a"']),
+    ("enum_filtered", ['"2024-02-29"', "7"], ['"2023-02-29"', '"abc"', "8"]),
 ])
 def test_valid_instances_parse_invalid_ones_do_not(name, valid, invalid):
     schema = SCHEMAS[name]
@@ -227,6 +230,7 @@ def test_draft_detection_matches_jsonschema():
      "boolean is draft 4 syntax"),
     ({"type": "bool"}, "type", "#", "unknown type 'bool'"),
     ({"enum": [{"a": 1}], "properties": {}}, "properties", "#", "cannot be combined with enum"),
+    ({"enum": ["x"], "format": "hostname"}, "format", "#", "cannot be combined with enum"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "type", "#", "empty language"),
 ])
 def test_refusals_name_keyword_and_path(schema, keyword, path, why):
@@ -247,7 +251,6 @@ def test_bad_options_are_refused():
 
 
 # ------------------------------------------------------------------ valid instances from hypothesis-jsonschema
-hj = pytest.importorskip("hypothesis_jsonschema")
 # hypothesis-jsonschema cannot expand recursive $refs nor read prefixItems: those schemas are covered above.
 SCHEMAS["person_flat"] = {**PERSON, "properties": {k: v for k, v in PERSON["properties"].items() if k != "parent"}}
 INSTANCE_SCHEMAS = ["person_flat", "pattern", "length_pattern", "tuple_draft7", "anyof_nullable", "oneof_tagged",

@@ -57,7 +57,8 @@ class LarkSampler:
         return "".join(out)
 
     def _expand(self, name: str, rng: random.Random, depth: int, out: list[str]) -> None:
-        expansions = self.rules[name]
+        # only expansions that can finish (a grammar may hold unproductive parts: dead alternatives)
+        expansions = [e for e in self.rules[name] if self._exp_height(e) < 1 << 30]
         if depth >= self.max_depth:
             best = min(self._exp_height(e) for e in expansions)
             expansions = [e for e in expansions if self._exp_height(e) == best]

@@ -150,16 +150,17 @@ class _Compiler:
                                             "allOf/$ref merging that never repeats itself?)")
         if node is True or node == {}:
             return self.any_value()
-        rules_before, names_before = list(self.rules), dict(self.names)
+        n_rules, n_names = len(self.rules), len(self.names)  # both dicts only grow, in insertion order
         name = self.names[key] = self._new_name(path)
         self.rules[name] = ""  # reserve: a $ref cycle reaching this path uses the name
         self.depth += 1
         try:
             self.rules[name] = self.expr(node, path)
         except SchemaError:  # roll back rules made meanwhile: they may refer to this one
-            for added in list(self.rules)[len(rules_before):]:
+            for added in list(self.rules)[n_rules:]:
                 del self.rules[added]
-            self.names = names_before
+            for added in list(self.names)[n_names:]:
+                del self.names[added]
             raise
         finally:
             self.depth -= 1

@@ -55,6 +55,10 @@ SCHEMAS = {
         {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
         {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "boolean"}}, "required": ["kind"]},
     ]},
+    "oneof_closed": {"type": "object", "oneOf": [
+        {"properties": {"embedded": {"type": "string"}}, "required": ["embedded"], "additionalProperties": False},
+        {"properties": {"http": {"type": "integer"}, "x": {"type": "null"}}, "required": ["http"],
+         "additionalProperties": False}]},
     "allof": {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"type": "integer", "maximum": 5}},
                                                    "required": ["b"]}],
               "$defs": {"base": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}},
@@ -138,6 +142,7 @@ def test_generated_outputs_validate_and_parse(name):
     ("tuple_draft7", ["[1]", "[1,true,null,null]"], ["[2]", "[1,true,null,null,null]", "[1,true,3]"]),
     ("anyof_nullable", ['"abc"', "null"], ['"abcd"', "1"]),
     ("oneof_tagged", ['{"kind":"a","x":1}', '{"kind":"b"}'], ['{"kind":"c"}', '{"kind":"b","y":1}']),
+    ("oneof_closed", ['{"embedded":"a"}', '{"http":1,"x":null}'], ['{"embedded":"a","http":1}', "{}"]),
     ("allof", ['{"a":"x","b":5}'], ['{"a":"x"}', '{"a":"x","b":6}', '{"b":5}']),
     ("tree", ['{"v":1,"kids":[{"v":2,"kids":[]}]}'], ['{"v":1,"kids":[{}]}']),
     ("extra_schema", ['{"id":1,"note":"n"}', '{"id":1,"note":"n","z":"q"}'], ['{"id":1}', '{"id":1,"note":2}',

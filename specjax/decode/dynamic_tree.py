@@ -10,9 +10,8 @@ candidate *pool* depth by depth:
 
 Then the `budget` best-scoring pool entries become the tree (re-ranking). Because a child's score
 is its parent's plus a log-probability <= 0, and ties are broken towards the earlier (shallower)
-pool entry, every chosen node's parent is chosen too. The pool is depth-major, so sorting the
-chosen entries by pool index orders the tree topologically, as `Draft` requires (parent -1 = the
-root, else an earlier node).
+pool entry, every chosen node's parent is chosen too, and ranks before it: the best-first order
+is topological, as `Draft` requires (parent -1 = the root, else an earlier node).
 
 Everything here is pure and shape-static: pool size = K + (depth-1)·K², known at trace time.
 """
@@ -114,9 +113,15 @@ class Tree:
 
 
 def select_tree(pool: Pool, budget: int) -> Tree:
-    """The `budget` best-scoring pool entries as a topologically ordered tree (EAGLE-2 re-ranking)."""
+    """The `budget` best-scoring pool entries as a tree (EAGLE-2 re-ranking), best first.
+
+    Best-first is a topological order: a parent scores at least as high as its child and, on a
+    tie, comes first (it is earlier in the pool and `best` is stable). So a prefix of the nodes is
+    itself a tree — the most likely one of its size — which is what lets `len_b` cut a tree short
+    by confidence.
+    """
     b, p = pool.tokens_bp.shape
-    chosen_bn = jnp.sort(best(pool.score_bp, budget), axis=1)  # pool order = topological order
+    chosen_bn = best(pool.score_bp, budget)
     tree_index_bp = jnp.full((b, p), -1, jnp.int32).at[jnp.arange(b)[:, None], chosen_bn].set(
         jnp.broadcast_to(jnp.arange(budget, dtype=jnp.int32), (b, budget)))
     pool_parent_bn = jnp.take_along_axis(pool.parent_bp, chosen_bn, axis=1)

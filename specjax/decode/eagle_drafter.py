@@ -33,6 +33,7 @@ from flax import nnx, struct
 from specjax.decode import dynamic_tree as dt
 from specjax.decode.drafters import Draft, Observation, Prefill
 from specjax.decode.head_params import HeadParams, output_head, vocab_head
+from specjax.decode.tree import confident_length
 from specjax.models.eagle import EagleHead
 from specjax.models.kv_cache import KVCache
 
@@ -57,25 +58,32 @@ class EagleDrafter:
       graphdef: `nnx.split(eagle_head)[0]`.
       depth: tree depth (draft forward passes per round: depth - 1, plus the root's head product).
       top_k: children per expanded node and nodes expanded per depth.
+      min_path_prob: adaptive tree size — a row's tree keeps only the nodes whose path probability
+        under the draft is at least this (nodes are best-first, so they form a prefix); 0 keeps all
+        k. A row left with no node drafts nothing (len_b = 0), which lets the loop's adaptive policy
+        fall back to plain rounds when the head is unsure.
     The tree budget is the loop's k (SpecConfig.k): 1 <= k <= top_k + (depth-1)·top_k².
     """
 
     graphdef: Any
     depth: int = 4
     top_k: int = 4
+    min_path_prob: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("depth", "top_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise EagleDrafterError(f"EagleDrafter.{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= self.min_path_prob <= 1.0:
+            raise EagleDrafterError(f"EagleDrafter.min_path_prob must be in [0, 1], got {self.min_path_prob!r}")
 
     @classmethod
-    def build(cls, head: EagleHead, model, vocab=None, depth: int = 4, top_k: int = 4):
+    def build(cls, head: EagleHead, model, vocab=None, depth: int = 4, top_k: int = 4, min_path_prob: float = 0.0):
         """(drafter, draft_params) for an EAGLE head on `model`, optionally over a `DraftVocab`."""
         graphdef, weights = nnx.split(head)
         table = None if vocab is None else vocab_head(model, vocab)
-        return cls(graphdef, depth, top_k), HeadParams(weights=weights, vocab=table)
+        return cls(graphdef, depth, top_k, float(min_path_prob)), HeadParams(weights=weights, vocab=table)
 
     @property
     def tree_slots(self) -> int:
@@ -119,8 +127,10 @@ class EagleDrafter:
         ds: EagleState = state.draft_state
         pool, cache = self._grow(head, table, model.embed[...], ds, state.pos_b)
         tree = dt.select_tree(pool, k)
-        draft = Draft(tokens_bk=table.to_target(tree.tokens_bn), len_b=jnp.full(state.pos_b.shape, k, jnp.int32),
-                      parent_bk=tree.parent_bn)
+        len_b = jnp.full(state.pos_b.shape, k, jnp.int32)
+        if self.min_path_prob > 0:
+            len_b = confident_length(jnp.exp(tree.score_bn), self.min_path_prob, cumulative=False)
+        draft = Draft(tokens_bk=table.to_target(tree.tokens_bn), len_b=len_b, parent_bk=tree.parent_bn)
         return draft, ds.replace(cache=cache)
 
     def _grow(self, head: EagleHead, table, embed_vd, ds: EagleState, pos_b: jax.Array):

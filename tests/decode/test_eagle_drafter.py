@@ -4,6 +4,7 @@ slots, ancestor masks and positions of the tree expansion, for ragged rows, befo
 `observe`."""
 
 import functools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -134,3 +135,31 @@ def test_budget_beyond_pool_is_refused(tiny_model, setup):
         drafter.propose(tiny_model, params, None, 7)
     with pytest.raises(EagleDrafterError, match="top_k must be a positive integer"):
         EagleDrafter(None, depth=2, top_k=0)
+
+
+@functools.partial(nnx.jit, static_argnums=(0, 4))
+def _propose(drafter, model, params, ds, k, pos_b):
+    return drafter.propose(model, params, SimpleNamespace(draft_state=ds, pos_b=pos_b), k)[0]
+
+
+def test_propose_is_best_first_and_cut_by_confidence(tiny_model, setup, prefill):
+    drafter, params = EagleDrafter.build(setup[0], tiny_model, depth=DEPTH, top_k=TOPK)
+    ds = _hook(drafter, "init", tiny_model, params, prefill)
+    draft = _propose(drafter, tiny_model, params, ds, 8, prefill.len_b)
+    assert draft.len_b.tolist() == [8, 8]
+    pool, _ = _grow(drafter, tiny_model, params, ds, prefill.len_b)
+    prob_bp = np.exp(np.asarray(pool.score_bp))
+    for b in range(2):
+        parent = np.asarray(draft.parent_bk[b])
+        assert all(-1 <= parent[j] < j for j in range(8))
+        order = np.argsort(-np.asarray(pool.score_bp[b]), kind="stable")[:8]  # best first
+        np.testing.assert_array_equal(np.asarray(draft.tokens_bk[b]), np.asarray(pool.tokens_bp[b])[order])
+    # Keep the nodes whose path probability is at least the 3rd best of row 0: a prefix of the tree.
+    threshold = float(np.sort(prob_bp[0])[::-1][2]) * 0.999
+    cut, _ = EagleDrafter.build(setup[0], tiny_model, depth=DEPTH, top_k=TOPK, min_path_prob=threshold)
+    draft_cut = _propose(cut, tiny_model, params, ds, 8, prefill.len_b)
+    want = [min(8, int((prob_bp[b] >= threshold).sum())) for b in range(2)]
+    assert draft_cut.len_b.tolist() == want and want[0] == 3
+    np.testing.assert_array_equal(draft_cut.tokens_bk, draft.tokens_bk)
+    with pytest.raises(EagleDrafterError, match=r"min_path_prob must be in \[0, 1\]"):
+        EagleDrafter(None, min_path_prob=2.0)

@@ -49,28 +49,38 @@ def pool_size(depth: int, top_k: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
-def root_pool(logp_bv: jax.Array, top_k: int) -> Pool:
-    """Depth 1: the top-K tokens after the root, scored by their log-probability."""
-    score_bk, tok_bk = jax.lax.top_k(logp_bv, top_k)
-    b = logp_bv.shape[0]
+def top_log_probs(logits_xv: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """(log-probabilities, indices) of the top-K entries of each row of logits.
+
+    top_k on the raw logits, then minus logsumexp: no [.., V] log-softmax is materialised (V is
+    up to 262,144 here).
+    """
+    top_xk, idx_xk = jax.lax.top_k(logits_xv, top_k)
+    return top_xk - jax.nn.logsumexp(logits_xv, axis=-1, keepdims=True), idx_xk
+
+
+def root_pool(logits_bv: jax.Array, top_k: int) -> Pool:
+    """Depth 1: the top-K tokens after the root, scored by their log-probability (logits need not be normalised)."""
+    score_bk, tok_bk = top_log_probs(logits_bv, top_k)
+    b = logits_bv.shape[0]
     return Pool(tokens_bp=tok_bk.astype(jnp.int32), parent_bp=jnp.full((b, top_k), -1, jnp.int32),
                 score_bp=score_bk, depth_bp=jnp.ones((b, top_k), jnp.int32))
 
 
-def expand(pool: Pool, frontier_bf: jax.Array, logp_bfv: jax.Array, top_k: int) -> tuple[Pool, jax.Array]:
+def expand(pool: Pool, frontier_bf: jax.Array, logits_bfv: jax.Array, top_k: int) -> tuple[Pool, jax.Array]:
     """Adds the top-K children of every frontier node to the pool.
 
     Args:
       pool: the pool so far (P entries).
       frontier_bf: pool indices of the F nodes that were just run through the draft.
-      logp_bfv: the draft's log-probabilities after each of them [B, F, V].
+      logits_bfv: the draft's logits (or log-probabilities) after each of them [B, F, V].
       top_k: children per node.
 
     Returns:
       (pool with P + F·K entries, pool indices [B, F·K] of the new children).
     """
-    b, f, _ = logp_bfv.shape
-    child_lp_bfk, child_tok_bfk = jax.lax.top_k(logp_bfv, top_k)
+    b, f, _ = logits_bfv.shape
+    child_lp_bfk, child_tok_bfk = top_log_probs(logits_bfv, top_k)
     parent_score_bf = jnp.take_along_axis(pool.score_bp, frontier_bf, axis=1)
     parent_depth_bf = jnp.take_along_axis(pool.depth_bp, frontier_bf, axis=1)
     new = Pool(

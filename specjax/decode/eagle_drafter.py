@@ -137,7 +137,7 @@ class EagleDrafter:
         """Expands the tree depth by depth; returns the candidate pool and the cache with tree writes."""
         kk, m = self.top_k, self.tree_slots
         b = pos_b.shape[0]
-        pool = dt.root_pool(jax.nn.log_softmax(table.logits(ds.root_feat_bd), axis=-1), kk)
+        pool = dt.root_pool(table.logits(ds.root_feat_bd), kk)
         frontier_bf = jnp.broadcast_to(jnp.arange(kk, dtype=jnp.int32), (b, kk))
         feat_bfd = jnp.broadcast_to(ds.root_feat_bd[:, None, :], (b, kk, ds.root_feat_bd.shape[-1]))
         own_fm = jax.nn.one_hot(jnp.arange(kk), max(m, 1), dtype=bool)  # frontier node f sits at tree slot f
@@ -149,7 +149,7 @@ class EagleDrafter:
             mask_bfs = dt.slot_mask(anc_bfm, pos_b, cache.num_slots)
             g_bfd, cache = head(feat_bfd, tokens_bf, embed_vd, positions_bf, cache, pos_b + (d - 1) * kk,
                                 mask_bts=mask_bfs)
-            pool, children_bc = dt.expand(pool, frontier_bf, jax.nn.log_softmax(table.logits(g_bfd), axis=-1), kk)
+            pool, children_bc = dt.expand(pool, frontier_bf, table.logits(g_bfd), kk)
             if d == self.depth - 1:
                 break
             frontier_bf = dt.select_frontier(pool, children_bc, kk)

@@ -162,12 +162,13 @@ def bigram():
 
 @pytest.mark.parametrize("which", ["medusa", "eagle"])
 def test_eos_inside_accepted_blocks_with_right_heads(bigram, which):
+    # Both draft over a reduced vocabulary: the cycle tokens (EOS among them) plus 4 others.
+    vocab = DraftVocab.from_counts(np.bincount(CYCLE_IDS, minlength=64), size=20, always=(EOS,))
     if which == "medusa":
         tree = StaticTree.from_paths([(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (1,), (0, 1)])
-        drafter, params = MedusaDrafter.build(oracle_medusa(bigram), bigram, tree)
+        drafter, params = MedusaDrafter.build(oracle_medusa(bigram), bigram, tree, vocab)
         k = tree.size
     else:
-        vocab = DraftVocab.from_counts(np.bincount(CYCLE_IDS, minlength=64), size=20, always=(EOS,))
         drafter, params = EagleDrafter.build(oracle_eagle(bigram), bigram, vocab, depth=4, top_k=2)
         k = 6
     gen = SpeculativeGenerator(bigram, TOK, drafter=drafter, draft_params=params)

@@ -5,8 +5,8 @@ measures the overhead of the partitioned program (collectives, per-device dispat
 that every mesh produces the one-device tokens. Setups are interleaved per repetition (order
 reversed on odd ones) so that load from other processes hits all alike; medians are reported.
 
-    python benchmarks/mesh.py                                  # real Gemma 3 270M, meshes 2x4
-    python benchmarks/mesh.py --model gemma-shape --layers 6 --vocab 16384 --meshes 8x1,4x2,2x4
+    PYTHONPATH=. python benchmarks/mesh.py                     # real Gemma 3 270M, mesh 2x4
+    PYTHONPATH=. python benchmarks/mesh.py --model gemma-shape --layers 6 --vocab 16384 --meshes 8x1,4x2,2x4
 
 `--model gemma-shape` is a random model with Gemma 3 270M's layer shapes (d_model 640, 4 heads,
 1 kv head of 256, MLP 2048) but fewer layers and a smaller vocabulary: every 'data' replica

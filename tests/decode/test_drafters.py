@@ -96,8 +96,9 @@ def test_drafter_reads_the_loop_state():
     class State:  # the fields the loop state exposes to drafters
         hist_bl = jnp.array([[1, 2, 3, 1, 2, 0, 0]])
         hist_len_b = jnp.array([5])
+        draft_state = ()
 
-    d = NgramDrafter(max_ngram=2).propose(State(), 2)
-    assert np.asarray(d.tokens_bk).tolist() == [[3, 1]] and d.q_probs_bkv is None
+    d, draft_state = NgramDrafter(max_ngram=2).propose(None, (), State(), 2)
+    assert np.asarray(d.tokens_bk).tolist() == [[3, 1]] and d.q_probs_bkv is None and draft_state == ()
     with pytest.raises(ValueError, match="min_ngram"):
         NgramDrafter(max_ngram=1, min_ngram=2)

@@ -31,7 +31,8 @@ REAL_PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
 def run_worker(mode: str, timeout: float) -> dict:
     """Runs this file as a script on 8 forced CPU devices; returns its JSON report."""
     flags = os.environ.get("XLA_FLAGS", "")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+    path = os.pathsep.join(str(p) for p in (ROOT, ROOT / "tests", ROOT / "tests" / "decode"))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip())
     proc = subprocess.run([sys.executable, __file__, mode], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
@@ -106,6 +107,14 @@ def test_real_model_mesh_greedy_equals_single_device():
     print(json.dumps(report["timing"]))
     assert report["2x4"] == report["1dev"]
     assert report["second_call_programs"] == 0
+
+
+@pytest.mark.slow
+def test_tree_drafters_on_a_mesh_equal_plain_single_device():
+    report = run_worker("heads", timeout=900)
+    for which in ("medusa", "eagle"):
+        assert report[which] == report["ref"], which
+    assert report["medusa_tau"] > 1.0  # tree drafts were accepted on the mesh
 
 
 # ----------------------------------------------------------------------------- the worker (subprocess)
@@ -289,6 +298,31 @@ def _real_worker() -> dict:
     return report
 
 
+def _heads_worker() -> dict:
+    """Medusa (static tree) and EAGLE (dynamic tree, adaptive) drafters with random heads on (4, 2)."""
+    from conftest import tiny_config
+    from flax import nnx
+    from test_head_drafters import PROMPTS8, TOK, _eagle, _medusa
+
+    from specjax.decode.generate import GenerateConfig, Generator
+    from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+    from specjax.models import sharding as sh
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
+    cfg = GenerateConfig(max_new_tokens=12, batch_size=8, ignore_eos=True)
+    report = {"ref": _tokens(Generator(model, TOK).generate(PROMPTS8, cfg)[0])}
+    mesh = sh.make_mesh(4, 2)
+    for which in ("medusa", "eagle"):
+        drafter, params = _medusa(model) if which == "medusa" else _eagle(model, min_path_prob=0.02)
+        k = drafter.tree.size if which == "medusa" else 6
+        gen = SpeculativeGenerator(model, TOK, drafter=drafter, draft_params=params, mesh=mesh)
+        out, stats = gen.generate(PROMPTS8, cfg, SpecConfig(k=k, adaptive=which == "eagle"))
+        report[which], report[f"{which}_tau"] = _tokens(out), stats.tau
+    return report
+
+
 if __name__ == "__main__":
-    result = _tiny_worker() if sys.argv[1] == "tiny" else _real_worker()
+    workers = {"tiny": _tiny_worker, "real": _real_worker, "heads": _heads_worker}
+    result = workers[sys.argv[1]]()
     print(json.dumps(result))

@@ -212,7 +212,7 @@ def validate(cfg: TrainConfig) -> None:
     _need(cfg.batch_size >= 1 and cfg.batch_size % o.accum_steps == 0,
           f"batch_size={cfg.batch_size} must be a positive multiple of optim.accum_steps={o.accum_steps}")
     _need(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
-    _need(0 <= o.warmup_steps, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
+    _need(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _need(0.0 <= cfg.loss.kd_weight <= 1.0, f"loss.kd_weight must be in [0, 1], got {cfg.loss.kd_weight}")
     _need(cfg.loss.kd_temperature > 0, f"loss.kd_temperature must be > 0, got {cfg.loss.kd_temperature}")
     _need(cfg.loss.logit_chunk >= 2, f"loss.logit_chunk must be >= 2, got {cfg.loss.logit_chunk}")

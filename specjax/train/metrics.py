@@ -36,12 +36,21 @@ class MetricsLog:
             else:
                 self.tb = SummaryWriter(str(self.dir / "tb"))
 
+    def rewind(self, step: int) -> None:
+        """Drops logged rows after `step` (a resumed run redoes those steps) and moves the bar there."""
+        self.jsonl.close()
+        path = self.dir / "metrics.jsonl"
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self.jsonl = open(path, "a")  # noqa: SIM115 - closed in close()
+        self.bar.update(step - self.bar.n)
+
     def message(self, text: str) -> None:
         """A console line that does not break the progress bar."""
         tqdm.write(text, file=sys.stderr)
 
-    def advance(self, n: int = 1) -> None:
-        self.bar.update(n)
+    def advance(self) -> None:
+        self.bar.update(1)
 
     def log(self, step: int, split: str, values: dict[str, float]) -> None:
         """Records `values` for `step` under `split` ("train" or "dev")."""

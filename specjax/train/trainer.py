@@ -58,6 +58,20 @@ def step_batch_sharding(mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(None, sharding.DATA))
 
 
+def compile_run(cfg: TrainConfig, task: Task, mesh):
+    """Initial placed state and frozen arrays, the state shardings, the jitted train and eval steps."""
+    tx, schedule = make_optimizer(cfg.optim, cfg.steps)
+    state = init_state(task.params, tx, cfg.seed)
+    state_sh, frozen_sh = state_shardings(task, state, mesh)
+    state, frozen = jax.device_put(state, state_sh), jax.device_put(task.frozen, frozen_sh)
+    dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else None
+    step_fn = jax.jit(make_train_step(task.loss_fn, tx, schedule, dtype),
+                      in_shardings=(state_sh, frozen_sh, step_batch_sharding(mesh)),
+                      out_shardings=(state_sh, None), donate_argnums=0)
+    eval_fn = jax.jit(make_eval_step(task.loss_fn, dtype))
+    return state, frozen, state_sh, step_fn, eval_fn
+
+
 def prepare(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=lambda s: None):
     """Target, packed train / dev rows and the Task of a run (no device state yet)."""
     target = target or build_target(cfg.task, cfg.seed)
@@ -112,10 +126,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
     log.message(f"{task.kind}: {n_params(task.params) / 1e6:.2f}M trainable parameters; "
                 f"{train_rows.n_rows} train rows ({train_rows.target_tokens} target tokens), "
                 f"{dev_rows.n_rows} dev rows; mesh {dict(mesh.shape)}")
-    tx, schedule = make_optimizer(cfg.optim, cfg.steps)
-    state = init_state(task.params, tx, cfg.seed)
-    state_sh, frozen_sh = state_shardings(task, state, mesh)
-    state, frozen = jax.device_put(state, state_sh), jax.device_put(task.frozen, frozen_sh)
+    state, frozen, state_sh, step_fn, eval_fn = compile_run(cfg, task, mesh)
     ckpt = Checkpointer(out, cfg.keep)
     data_pos = 0
     if cfg.resume and ckpt.latest_step() is not None:
@@ -124,12 +135,8 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
         data_pos = int(meta["data_pos"])
         log.message(f"resumed from {out / 'ckpt'} at step {int(state.step)} (data position {data_pos})")
     start = int(jax.device_get(state.step))
-    log.advance(start)
-    dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else None
+    log.rewind(start)
     batch_sh = step_batch_sharding(mesh)
-    step_fn = jax.jit(make_train_step(task.loss_fn, tx, schedule, dtype), in_shardings=(state_sh, frozen_sh, batch_sh),
-                      out_shardings=(state_sh, None), donate_argnums=0)
-    eval_fn = jax.jit(make_eval_step(task.loss_fn, dtype))
     order = BatchOrder(train_rows, cfg.batch_size, cfg.optim.accum_steps, cfg.seed)
     meta = lambda pos, dev: {"data_pos": pos, "task": task.meta, "config": to_dict(cfg), "best_loss": ckpt.best_loss,
                              **({"dev": dev} if dev else {})}

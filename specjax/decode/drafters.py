@@ -1,19 +1,29 @@
-"""Drafters: cheap proposals of the next k tokens, checked later by one target forward.
+"""Drafters: cheap proposals of the next tokens, checked later by one target forward.
 
-A drafter is called inside the jitted speculative loop (`speculative.py`) once per round.
-It reads the loop state and returns a `Draft`: k token ids per row, how many of them are
-real proposals (0 means "no idea": that row falls back to plain decoding this round), and
-optionally the draft distribution q each token was sampled from. Deterministic drafters
-(n-gram lookup) return q = None, which verification treats as a point mass on the token.
+A drafter is a static (hashable) object called inside the jitted speculative loop
+(`speculative.py`). Its learned weights, if any, travel separately as `draft_params`, a jit
+argument (weights baked into the program as constants make compiles slow and programs huge).
+Per row it may carry a `draft_state` pytree in the loop (a draft model's KV cache, EAGLE's
+features). Three hooks:
 
-The interface is deliberately small; a draft model will also need a carried state (its own
-KV cache), which is not part of this first increment.
+  init(model, draft_params, prefill)  -> draft_state      after the target's prefill
+  propose(model, draft_params, state, k) -> (Draft, draft_state)   once per round
+  observe(model, draft_params, draft_state, obs) -> draft_state   after each round commits
+
+`model` is the (merged) target, so self-speculative drafters can run its layers and head.
+`observe` sees what the round committed together with the target's hidden states at those
+positions (`Observation`): what EAGLE and Medusa heads draft from.
+
+A `Draft` holds k token ids per row, how many are real proposals (0 means "no idea": the
+row emits the target's own token this round), and optionally the draft distribution q each
+token was sampled from. Deterministic drafters (n-gram lookup, top-k trees) return
+q = None, which verification treats as a point mass on the token.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -37,20 +47,72 @@ class Draft:
     q_probs_bkv: jax.Array | None = None
 
 
+@struct.dataclass
+class Prefill:
+    """What the target's prefill produced, for `Drafter.init`.
+
+    Attributes:
+      tokens_bt: right-padded prompts [B, T]; row b's prompt is tokens_bt[b, :len_b[b]].
+      len_b: prompt lengths.
+      hidden_btd: the target's final-normed hidden states over the prompts [B, T, D].
+      first_b: the first generated token (sampled from hidden_btd[b, len_b[b] - 1]), at
+        position len_b[b]; the first `Observation` continues from there.
+      num_slots: cache slots of the target's KV cache (a drafter's own cache can match it).
+    """
+
+    tokens_bt: jax.Array
+    len_b: jax.Array
+    hidden_btd: jax.Array
+    first_b: jax.Array
+    num_slots: int = struct.field(pytree_node=False)
+
+
+@struct.dataclass
+class Observation:
+    """What one round committed, row by row, for `Drafter.observe`.
+
+    Row b committed n_b[b] tokens, tokens_bt[b, :n_b[b]] at positions pos_b[b] + 1 + i.
+    hidden_btd[b, i] is the target's final-normed hidden state at position pos_b[b] + i —
+    the state whose next-token prediction produced tokens_bt[b, i] (entries past n_b are
+    unspecified). Finished rows have n_b = 0. A plain round has T = 1.
+    """
+
+    tokens_bt: jax.Array
+    hidden_btd: jax.Array
+    n_b: jax.Array
+    pos_b: jax.Array
+
+
 class Drafter(Protocol):
     """What the speculative loop needs from a drafter (hashable: it is a static jit argument).
 
-    `propose` receives the loop state; a drafter may read `state.hist_bl` (token history:
-    prompt then generated tokens, [B, L], entries past the row's length are stale) and
-    `state.hist_len_b` (tokens of history per row; the last one is the token the next
-    target forward starts from).
+    `propose` receives the loop state (`spec_rounds.SpecState`); a drafter may read
+    `state.hist_bl` (token history: prompt then generated tokens, [B, L], entries past the
+    row's length are stale), `state.hist_len_b` (tokens of history per row; the last one,
+    `state.last_b` at position `state.pos_b`, is the token the next target forward starts
+    from), `state.cache` (the target's KV cache, valid below pos_b) and its own
+    `state.draft_state`.
     """
 
-    def propose(self, state, k: int) -> Draft: ...
+    def init(self, model, draft_params, prefill: Prefill) -> Any: ...
+
+    def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]: ...
+
+    def observe(self, model, draft_params, draft_state, obs: Observation) -> Any: ...
+
+
+class StatelessDrafter:
+    """Mixin for drafters that read only the loop state: no draft state, nothing to observe."""
+
+    def init(self, model, draft_params, prefill: Prefill) -> Any:
+        return ()
+
+    def observe(self, model, draft_params, draft_state, obs: Observation) -> Any:
+        return draft_state
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(StatelessDrafter):
     """Prompt lookup: continue the most recent earlier occurrence of the history's tail.
 
     Attributes:
@@ -67,8 +129,8 @@ class NgramDrafter:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
 
-    def propose(self, state, k: int) -> Draft:
-        return ngram_propose(state.hist_bl, state.hist_len_b, k, self.max_ngram, self.min_ngram)
+    def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]:
+        return ngram_propose(state.hist_bl, state.hist_len_b, k, self.max_ngram, self.min_ngram), state.draft_state
 
 
 def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:

@@ -19,12 +19,14 @@ without paying for probe rounds.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.decode import loop
+from specjax.decode.drafters import Observation
 from specjax.decode.sampling import sample
 from specjax.decode.verify import greedy_verify, sampling_verify
 from specjax.models.kv_cache import KVCache
@@ -59,6 +61,8 @@ class SpecState:
     Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round) and the
     shadow draft shadow_bk, of which shadow_len_b tokens are real (0: no shadow) and shadow_hit_b
     have matched the committed text so far.
+
+    draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
     """
 
     cache: KVCache
@@ -80,6 +84,7 @@ class SpecState:
     shadow_bk: jax.Array
     shadow_len_b: jax.Array
     shadow_hit_b: jax.Array
+    draft_state: Any = ()
 
     @property
     def hist_len_b(self) -> jax.Array:
@@ -107,8 +112,14 @@ def commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecS
     return s.replace(pos_b=s.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, s.last_b))
 
 
-def make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids, stop_tables,
-              adapt: Adaptive | None):
+def observe(drafter, model, draft_params, s_old: SpecState, s: SpecState, tokens_bt, hidden_btd) -> SpecState:
+    """Shows the drafter what the round committed (s_old → s) and the target's hidden states there."""
+    obs = Observation(tokens_bt=tokens_bt, hidden_btd=hidden_btd, n_b=s.count_b - s_old.count_b, pos_b=s_old.pos_b)
+    return s.replace(draft_state=drafter.observe(model, draft_params, s.draft_state, obs))
+
+
+def make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
+              stop_tables, adapt: Adaptive | None):
     """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain)."""
 
     def ema(old_b, new_b, where_b):
@@ -139,7 +150,8 @@ def make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max
             accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
             shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
         )
-        return commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
+        s_new = commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
+        return observe(drafter, model, draft_params, s, s_new, tokens_bt, hidden_btd)
 
     def plain_round(s: SpecState, draft) -> SpecState:
         live_b = ~s.done_b
@@ -167,10 +179,12 @@ def make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max
             accept_ema_b=ema(s.accept_ema_b, hit_b, end_b),
             shadow_bk=shadow_bk, shadow_len_b=jnp.where(end_b | ~live_b, 0, shadow_len_b), shadow_hit_b=hit_b,
         )
-        return commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables)
+        s_new = commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables)
+        return observe(drafter, model, draft_params, s, s_new, tok_b[:, None], hidden_b1d)
 
     def body(s: SpecState) -> SpecState:
-        draft = drafter.propose(s, k)
+        draft, draft_state = drafter.propose(model, draft_params, s, k)
+        s = s.replace(draft_state=draft_state)
         if adapt is None:
             return spec_round(s, draft)
         # Capped at 3/4 of k, so that a short draft length can still qualify.

@@ -30,7 +30,7 @@ from flax import nnx
 
 from specjax.decode import loop
 from specjax.decode import stops as stops_lib
-from specjax.decode.drafters import Drafter, NgramDrafter
+from specjax.decode.drafters import Drafter, NgramDrafter, Prefill
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_body
@@ -54,6 +54,7 @@ def speculative_program(
     temperature: jax.Array,
     top_p: jax.Array,
     stop_tables: stops_lib.StopTables | None,
+    draft_params=(),
     *,
     sampling: SamplingConfig,
     n_out: int,
@@ -64,8 +65,9 @@ def speculative_program(
 ) -> SpecState:
     """Prefills right-padded prompts, then runs speculative rounds until every row is done.
 
-    Arguments are those of `loop.generate_program`, plus the static draft length k (>= 1)
-    and drafter, and the static adaptive policy (None: every round speculates; see
+    Arguments are those of `loop.generate_program`, plus the drafter's weights `draft_params`
+    (any pytree, () for none), the static draft length k (>= 1) and drafter, and the static
+    adaptive policy (None: every round speculates; see
     `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's last round may write
     drafted positions up to k past its final token (written, never committed).
 
@@ -105,6 +107,8 @@ def speculative_program(
         shadow_bk=jnp.zeros((b, k), jnp.int32),
         shadow_len_b=jnp.zeros((b,), jnp.int32),
         shadow_hit_b=jnp.zeros((b,), jnp.int32),
+        draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
+                                                              first_b=first_b, num_slots=cache.num_slots)),
     )
     state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
@@ -112,8 +116,8 @@ def speculative_program(
     def cond(s: SpecState):
         return ~jnp.all(s.done_b)
 
-    body = make_body(model, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids, stop_tables,
-                     adapt)
+    body = make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
+                     stop_tables, adapt)
     return jax.lax.while_loop(cond, body, state)
 
 
@@ -122,7 +126,8 @@ class SpecConfig:
     """Speculation options (all static: changing one compiles a new program).
 
     Attributes:
-      k: tokens drafted per round (the target forward covers k + 1 positions).
+      k: tokens drafted per round — the chain length, or the node count of a token tree (the
+        target forward covers k + 1 positions).
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
         (`spec_rounds.py`); False speculates every round.
@@ -191,13 +196,23 @@ _DEFAULT_GENERATE, _DEFAULT_SPEC = GenerateConfig(), SpecConfig()
 
 
 class SpeculativeGenerator(Generator):
-    """`Generator` whose batches run `speculative_program` with an n-gram drafter.
+    """`Generator` whose batches run `speculative_program`.
+
+    Args:
+      model, tokenizer: the target, as for `Generator`.
+      drafter: a static `Drafter`; None drafts by n-gram lookup with the SpecConfig's settings.
+      draft_params: the drafter's weights (a pytree passed to the program as an argument).
 
     Example:
       >>> gen = SpeculativeGenerator(model, tokenizer)
       >>> completions, stats = gen.generate(["Hello"], GenerateConfig(max_new_tokens=32), SpecConfig(k=4))
       >>> stats.tau, stats.acceptance_by_position
     """
+
+    def __init__(self, model, tokenizer, drafter: Drafter | None = None, draft_params=()):
+        super().__init__(model, tokenizer)
+        self.drafter = drafter
+        self.draft_params = draft_params
 
     def generate(
         self,
@@ -226,8 +241,9 @@ class SpeculativeGenerator(Generator):
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
         spec: SpecConfig = self._spec
-        drafter = spec.drafter()
+        drafter = self.drafter if self.drafter is not None else spec.drafter()
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
+        args = (*args, self.draft_params)
         b, t, _, n_out = key[:4]
         program = self._program(
             ("spec", spec.k, drafter, spec.policy(), *key),

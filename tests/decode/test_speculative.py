@@ -16,9 +16,10 @@ import pytest
 from conftest import ByteTokenizer, tiny_config
 from flax import nnx
 
+from specjax.decode.drafters import NgramDrafter, ngram_propose
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.sampling import SamplingConfig
-from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.decode.speculative import SpecConfig, SpeculativeGenerator, speculative_program
 from specjax.models.params import build_model, model_weights
 from specjax.models.transformer import Transformer
 
@@ -224,3 +225,54 @@ def test_backs_off_and_reprobes(bigram):
     for p, o in zip(BIGRAM_PROMPTS[1:], out, strict=True):
         assert o.tokens == oracle(p, 16)
     assert stats.plain_rate == 0 and stats.mean_draft_len == K
+
+
+class EchoDrafter(NgramDrafter):
+    """A stateful drafter for testing the interface: it rebuilds the history from `init` and
+    `observe` alone (draft_state = (history, length, mismatches)) and drafts by n-gram lookup over
+    that copy. It also checks that every observed hidden state predicts (argmax) the token it
+    is reported with — true for greedy decoding — and counts violations."""
+
+    def init(self, model, draft_params, prefill):
+        b, t = prefill.tokens_bt.shape
+        hist_bl = jnp.zeros((b, prefill.num_slots), jnp.int32).at[:, :t].set(prefill.tokens_bt)
+        hist_bl = hist_bl.at[jnp.arange(b), prefill.len_b].set(prefill.first_b)  # the prefill's token
+        return hist_bl, prefill.len_b.astype(jnp.int32) + 1, jnp.zeros((), jnp.int32)
+
+    def propose(self, model, draft_params, state, k):
+        hist_bl, len_b, _ = state.draft_state
+        return ngram_propose(hist_bl, len_b, k, self.max_ngram, self.min_ngram), state.draft_state
+
+    def observe(self, model, draft_params, draft_state, obs):
+        hist_bl, len_b, bad = draft_state
+        b, t = obs.tokens_bt.shape
+        i_t = jnp.arange(t)[None, :]
+        valid_bt = i_t < obs.n_b[:, None]
+        col_bt = jnp.where(valid_bt, len_b[:, None] + i_t, hist_bl.shape[1])
+        hist_bl = hist_bl.at[jnp.arange(b)[:, None], col_bt].set(obs.tokens_bt, mode="drop")
+        pred_bt = jnp.argmax(model.logits(obs.hidden_btd), axis=-1)
+        bad = bad + jnp.sum(valid_bt & (pred_bt != obs.tokens_bt)).astype(jnp.int32)
+        # Positions must chain: this round's first hidden state is at the previous last position.
+        bad = bad + jnp.sum((obs.n_b > 0) & (obs.pos_b != len_b - 1)).astype(jnp.int32)
+        return hist_bl, len_b + obs.n_b, bad
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_stateful_drafter_sees_exactly_the_committed_text(tiny_model, plain, adaptive):
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    ref, _ = plain.generate(PROMPTS, cfg)
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=EchoDrafter())
+    out, stats = gen.generate(PROMPTS, cfg, SpecConfig(k=K, adaptive=adaptive))
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    assert stats.tau > 1.5, stats.line()
+    # Re-run the compiled program directly to read its final draft state.
+    key, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0,
+                                          extra_slots=K)
+    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=EchoDrafter(),
+                                adapt=SpecConfig(k=K, adaptive=adaptive).policy())
+    hist_bl, len_b, bad = state.draft_state
+    assert int(bad) == 0
+    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
+    for b in range(len(PROMPTS)):
+        n = int(len_b[b])
+        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.hist_bl[b, :n]))

@@ -23,7 +23,7 @@ def tiny() -> ModelConfig:
     """Test-sized Gemma-3-shaped model (vocab 64)."""
     return gemma3_270m().replace(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                                  ffn_dim=64, layer_kinds=("local", "global"), sliding_window=4,
-                                 query_scale=0.25, max_seq_len=512)
+                                 query_scale=0.25, max_seq_len=512, eos_ids=(1,))
 
 
 PRESETS = {

@@ -67,16 +67,28 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.last.latest_step()
 
-    def save(self, state, meta: dict, dev_loss: float | None = None) -> None:
-        """Saves (asynchronously) as the latest checkpoint, and as the best when dev_loss improves."""
+    def save(self, state, meta: dict, dev_loss: float | None = None, module_params=None, final: bool = False) -> None:
+        """Saves (asynchronously) as the latest checkpoint, and the module as the best when dev_loss improves.
+
+        Args:
+          state: the TrainState.
+          meta: JSON metadata (data position, task description, config).
+          dev_loss: dev loss of this state, if it was evaluated.
+          module_params: the trained module's complete parameters (what `load_draft_checkpoint` reads);
+            needed for a best checkpoint.
+          final: the run's last save: also written as "best" when no best exists yet (no dev
+            evaluation), so every finished run leaves a loadable module.
+        """
         step = int(jax.device_get(state.step))
         args = ocp.args.Composite(state=ocp.args.StandardSave(to_nested(state)), meta=ocp.args.JsonSave(meta))
         self.last.save(step, args=args, force=True)
-        if dev_loss is not None and dev_loss < self.best_loss:
-            self.best_loss = dev_loss
-            args = ocp.args.Composite(state=ocp.args.StandardSave(to_nested({"params": state.params})),
-                                      meta=ocp.args.JsonSave({**meta, "dev_loss": dev_loss}))
-            self.best.save(step, args=args, metrics={"dev_loss": dev_loss}, force=True)
+        improved = dev_loss is not None and dev_loss < self.best_loss
+        if module_params is not None and (improved or (final and self.best.latest_step() is None)):
+            self.best_loss = dev_loss if improved else self.best_loss
+            loss = float("inf") if dev_loss is None else dev_loss
+            args = ocp.args.Composite(state=ocp.args.StandardSave(to_nested({"params": module_params})),
+                                      meta=ocp.args.JsonSave({**meta, "dev_loss": loss, "step": step}))
+            self.best.save(step, args=args, metrics={"dev_loss": loss}, force=True)
 
     def restore(self, abstract_state, step: int | None = None):
         """(state, meta) of `step` (default latest); `abstract_state` carries shapes and shardings."""

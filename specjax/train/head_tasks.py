@@ -71,7 +71,7 @@ def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, seed: 
         return sums.pop("loss"), sums
 
     meta = {"kind": "medusa", "medusa_config": dataclasses.asdict(mcfg), "target": target.identity}
-    return Task("medusa", graphdef, params, {"target": t_state}, loss_fn, meta, {})
+    return Task("medusa", graphdef, params, {"target": t_state}, loss_fn, meta, {}, lambda p, f: p)
 
 
 def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
@@ -124,4 +124,4 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: i
     meta = {"kind": "eagle", "eagle_config": {"layer": dataclasses.asdict(ecfg.layer), "vocab_size": ecfg.vocab_size,
                                               "embed_multiplier": ecfg.embed_multiplier},
             "target": target.identity, "vocab_ids": None if vocab_ids is None else [int(i) for i in vocab_ids]}
-    return Task("eagle", graphdef, params, frozen, loss_fn, meta, model_units(ecfg.layer))
+    return Task("eagle", graphdef, params, frozen, loss_fn, meta, model_units(ecfg.layer), lambda p, f: p)

@@ -33,6 +33,7 @@ class Task:
       loss_fn: (params, frozen, batch, key) -> (loss sum, dict of sums incl. "tokens").
       meta: JSON-ready description stored with checkpoints (what `load_draft_checkpoint` rebuilds).
       units: head counts for the sharding rules (`sharding.model_units`).
+      export: (params, frozen) -> the module's complete nnx.State (what a decoder loads).
     """
 
     kind: str
@@ -42,6 +43,7 @@ class Task:
     loss_fn: LossFn
     meta: dict
     units: dict
+    export: Any = None
 
 
 def positions_like(tokens_bt: jax.Array) -> jax.Array:
@@ -99,8 +101,9 @@ def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, seed:
 
     meta = {"kind": "draft", "model_config": dataclasses.asdict(draft.cfg), "target": target.identity,
             "freeze_embed": task.freeze_embed}
+    export = lambda params, frozen: nnx.state(nnx.merge(graphdef, params, frozen["draft_rest"]))
     return Task("draft", graphdef, params, {"draft_rest": rest, "target": t_state}, loss_fn, meta,
-                model_units(draft.cfg))
+                model_units(draft.cfg), export)
 
 
 def build_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int = 0, abstract: bool = False,

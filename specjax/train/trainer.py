@@ -165,7 +165,8 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
                 log.log(done, "dev", dev)
                 history.append({"step": done, **{f"dev_{k}": v for k, v in dev.items()}})
             if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
-                ckpt.save(state, meta(data_pos, dev), dev["loss"] if dev_step == done else None)
+                dev_loss = dev["loss"] if dev_step == done else None
+                ckpt.save(state, meta(data_pos, dev), dev_loss, task.export(state.params, frozen), done == cfg.steps)
             if on_step is not None:
                 on_step(done, state)
     finally:

@@ -108,7 +108,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, schedule:
         (g, sums, loss_sum), _ = jax.lax.scan(micro, zeros, (batch, jnp.arange(accum)))
         n = jnp.maximum(sums["tokens"], 1.0)
         g = jax.tree.map(lambda x: (x / n).astype(x.dtype), g)
-        grad_norm = optax.global_norm(g)
+        grad_norm = optax.tree.norm(g)
         updates, opt_state = tx.update(g, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         loss = loss_sum / n

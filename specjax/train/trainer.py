@@ -63,7 +63,9 @@ def compile_run(cfg: TrainConfig, task: Task, mesh):
     tx, schedule = make_optimizer(cfg.optim, cfg.steps)
     state = init_state(task.params, tx, cfg.seed)
     state_sh, frozen_sh = state_shardings(task, state, mesh)
-    state, frozen = jax.device_put(state, state_sh), jax.device_put(task.frozen, frozen_sh)
+    # A copy: the step donates its state, which must not delete the task's initial parameters.
+    state = jax.device_put(state, state_sh, may_alias=False)
+    frozen = jax.device_put(task.frozen, frozen_sh)
     dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else None
     step_fn = jax.jit(make_train_step(task.loss_fn, tx, schedule, dtype),
                       in_shardings=(state_sh, frozen_sh, step_batch_sharding(mesh)),

@@ -18,7 +18,7 @@ from specjax.train.config import TrainConfig
 from specjax.train.models import build_target
 from specjax.train.step import init_state, make_optimizer, make_train_step
 from specjax.train.tasks import build_task
-from specjax.train.trainer import make_run_mesh, state_shardings, step_batch_sharding
+from specjax.train.trainer import check_batch_fits, make_run_mesh, state_shardings, step_batch_sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,7 @@ def abstract_check(cfg: TrainConfig, lower: bool = True) -> AbstractReport:
     """
     cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, target=None))
     mesh = make_run_mesh(cfg)
+    check_batch_fits(cfg, mesh)
     target = build_target(cfg.task, cfg.seed, abstract=True)
     vocab_ids = np.arange(cfg.task.draft_vocab, dtype=np.int32) if cfg.task.draft_vocab else None
     task = build_task(cfg.task, cfg.loss, target, cfg.seed, abstract=True, vocab_ids=vocab_ids)

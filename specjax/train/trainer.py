@@ -45,6 +45,15 @@ def make_run_mesh(cfg: TrainConfig):
     return sharding.make_mesh(data=data, model=cfg.mesh.model)
 
 
+def check_batch_fits(cfg: TrainConfig, mesh) -> None:
+    """Raises TrainConfigError unless a micro-batch's rows split evenly over the mesh's 'data' axis."""
+    micro, data = cfg.batch_size // cfg.optim.accum_steps, mesh.shape[sharding.DATA]
+    if micro % data:
+        raise TrainConfigError(
+            f"batch_size={cfg.batch_size} / optim.accum_steps={cfg.optim.accum_steps} = {micro} rows per micro-batch "
+            f"do not split over mesh data={data} devices; choose a multiple of {data} or set mesh.data")
+
+
 def state_shardings(task: Task, state: TrainState, mesh) -> tuple[TrainState, object]:
     """(TrainState of shardings, frozen shardings): FSDP + data parallel by the project's rule table."""
     repl = sharding.replicated(mesh)
@@ -122,9 +131,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
     mesh = make_run_mesh(cfg)
     log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard)
     target, train_rows, dev_rows, task = prepare(cfg, target, tokenizer, log.message)
-    if cfg.batch_size // cfg.optim.accum_steps % mesh.shape[sharding.DATA]:
-        raise TrainConfigError(f"micro-batch {cfg.batch_size // cfg.optim.accum_steps} rows do not split over "
-                               f"mesh data={mesh.shape[sharding.DATA]}")
+    check_batch_fits(cfg, mesh)
     log.message(f"{task.kind}: {n_params(task.params) / 1e6:.2f}M trainable parameters; "
                 f"{train_rows.n_rows} train rows ({train_rows.target_tokens} target tokens), "
                 f"{dev_rows.n_rows} dev rows; mesh {dict(mesh.shape)}")

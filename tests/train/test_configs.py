@@ -99,7 +99,8 @@ def test_distill_1b_runs_two_steps_with_tiny_override(tmp_path, capsys):
     header = (CONFIG_DIR / "experiment" / "distill_1b.yaml").read_text()
     documented = header.split("tiny target, synthetic data):\n#   ")[1].split("\ntask:")[0]
     args = documented.replace("\\\n#    ", " ").split()[3:]  # drop "python -m specjax.train"
-    args = [a if not a.startswith("out_dir=") else f"out_dir={tmp_path}" for a in args] + ["progress=false", "log_every=1"]
+    args = [a if not a.startswith("out_dir=") else f"out_dir={tmp_path}" for a in args]
+    args += ["progress=false", "log_every=1"]
     assert main(args) == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2]

@@ -113,7 +113,8 @@ def read_texts(path: str | Path, fmt: str, field: str = "text") -> list[str]:
     if fmt == "text":
         return [d.strip() for d in text.split("\n\n") if d.strip()]
     docs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # split("\n"), not splitlines(): JSON strings may hold U+2028, which splitlines() breaks on.
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -31,7 +31,7 @@ def read_prompts(files: tuple[str, ...]) -> list[str]:
         path = Path(f)
         if not path.is_file():
             raise TrainConfigError(f"data.prompts: file not found: {path}")
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -79,7 +79,9 @@ def generate_documents(target, prompts: list[str], dcfg: DataConfig, what: str,
             tmp.write_text("\n".join(lines) + "\n")
             tmp.replace(shard)  # atomic: a killed run never leaves a half shard
             log(f"generated {len(chunk)} continuations: {stats.line()}")
-        for line in shard.read_text().splitlines():
+        for line in shard.read_text(encoding="utf-8").split("\n"):
+            if not line:
+                continue
             row = json.loads(line)
             p, c = row["prompt_ids"], row["completion_ids"]
             docs.append(Document(np.asarray(p + c, np.int32),

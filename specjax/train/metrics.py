@@ -40,7 +40,7 @@ class MetricsLog:
         """Drops logged rows after `step` (a resumed run redoes those steps) and moves the bar there."""
         self.jsonl.close()
         path = self.dir / "metrics.jsonl"
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        kept = [line for line in path.read_text().split("\n") if line and json.loads(line)["step"] <= step]
         path.write_text("".join(line + "\n" for line in kept))
         self.jsonl = open(path, "a")  # noqa: SIM115 - closed in close()
         self.bar.update(step - self.bar.n)

@@ -67,3 +67,10 @@ def test_nan_stops_with_clear_message_and_keeps_last_good_checkpoint(tiny_train_
         train(cfg)
     ckpt_dir = Path(cfg.out_dir) / "ckpt"
     assert sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit()) == [1]
+
+
+def test_bfloat16_compute_keeps_float32_master_weights(tiny_train_config):
+    result = train(tiny_train_config(compute_dtype="bfloat16", steps=3, eval_every=3))
+    assert np.isfinite(result.dev["loss"])
+    assert {x.dtype for x in jax.tree.leaves((result.state.params, result.state.opt_state))} <= {
+        jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)}

@@ -19,8 +19,9 @@ from specjax.train.trainer import TrainingDiverged, prepare, train
 
 @pytest.mark.parametrize("kind", ["draft", "eagle"])
 def test_short_run_lowers_dev_loss_and_leaves_loadable_checkpoint(tiny_train_config, kind):
-    cfg = tiny_train_config(kind, steps=12, eval_every=1, save_every=6)
+    cfg = tiny_train_config(kind, steps=12, eval_every=1, save_every=6, tensorboard=True)
     result = train(cfg)
+    assert any(p.name.startswith("events.out.tfevents") for p in (result.out_dir / "tb").iterdir())
     dev = [h["dev_loss"] for h in result.history if "dev_loss" in h]
     assert len(dev) == 12 and dev[-1] < dev[0]
     rows = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]

@@ -93,3 +93,21 @@ def test_missing_prompts_file_is_a_clear_error(tmp_path, tiny_target):
     dcfg = DataConfig(prompts=(str(tmp_path / "nope.jsonl"),))
     with pytest.raises(TrainConfigError, match="data.prompts: file not found"):
         distill_data.load_documents(dcfg, dataclasses.replace(tiny_target, tokenizer=object()), progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_self_distillation_with_gemma3_270m_is_keyed_by_the_gguf_sha(tmp_path):
+    from specjax.models.loading import default_model_path, file_sha256
+    from specjax.train.config import TaskConfig
+    from specjax.train.models import build_target
+
+    target = build_target(TaskConfig(target="gemma3-270m"))
+    assert target.identity == f"gguf-sha256:{file_sha256(default_model_path())}"
+    dcfg = DataConfig(prompts=("../shared/data/prompts/alpaca_80.jsonl",), num_prompts=2, dev_prompts=1,
+                      max_new_tokens=8, gen_batch_size=2, cache_dir=str(tmp_path))
+    train, dev = distill_data.load_documents(dcfg, target, progress=False)
+    assert len(train) == 2 and len(dev) == 1
+    assert distill_data.cache_dir(target.identity, dcfg).is_dir()
+    text = target.tokenizer.decode([int(t) for t, m in zip(train[0].ids_n, train[0].target_n, strict=True) if m])
+    assert text.strip()  # the target's own continuation

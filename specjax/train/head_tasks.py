@@ -1,0 +1,127 @@
+"""Tasks that train heads on a frozen target: Medusa-1 heads and the EAGLE head.
+
+Both read the target's final-normed hidden states f_t (what `Transformer.__call__` returns, the
+feature the head modules are defined on) under `stop_gradient`: the backbone is frozen and only
+the heads' parameters are trainable. Logits go through the target's frozen tied head (for EAGLE
+optionally restricted to a reduced draft vocabulary).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.draft_vocab import DraftVocab
+from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models.medusa import MedusaConfig, MedusaHeads
+from specjax.models.sharding import model_units
+from specjax.train import losses
+from specjax.train.chunks import logits_nv, scan_row_chunks
+from specjax.train.config import LossConfig, TaskConfig
+from specjax.train.models import Target
+from specjax.train.tasks import Task, accuracy_sums, head_table, positions_like
+
+
+def _make(factory, abstract: bool):
+    return nnx.eval_shape(factory) if abstract else factory()
+
+
+def _target_features(t_graphdef, t_state, tokens_bt):
+    target = nnx.merge(t_graphdef, t_state)
+    f_btd, _ = target(tokens_bt, positions_like(tokens_bt))
+    return target, jax.lax.stop_gradient(f_btd)
+
+
+def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool) -> Task:
+    """Medusa-1: per-head CE on shifted targets (head k predicts token t+k+1), weights decay^(k-1)."""
+    tcfg = target.model.cfg
+    mcfg = MedusaConfig.from_target(tcfg, n_heads=task.medusa_heads)
+    graphdef, params = nnx.split(_make(lambda: MedusaHeads(mcfg, rngs=nnx.Rngs(seed)), abstract))
+    t_graphdef, t_state = nnx.split(target.model)
+    n_heads, cap = mcfg.n_heads, tcfg.final_logit_softcap
+    weights_h = losses.medusa_weights(n_heads, loss.medusa_decay)
+
+    def chunk_fn(table_vd, h_nhd, labels_nh, valid_nh):
+        n, _, d = h_nhd.shape
+        logits = logits_nv(h_nhd.reshape(n * n_heads, d), table_vd, cap)
+        ce_nh = losses.cross_entropy_n(logits, labels_nh.reshape(-1)).reshape(n, n_heads)
+        hit_nh = (jnp.argmax(logits, -1).reshape(n, n_heads) == labels_nh).astype(jnp.float32)
+        out = {"loss": jnp.sum(ce_nh * valid_nh * weights_h), "tokens": jnp.sum(valid_nh[:, 0])}
+        out.update(accuracy_sums(logits.reshape(n, n_heads, -1)[:, 0], labels_nh[:, 0], valid_nh[:, 0], loss.top_k))
+        for k in range(n_heads):
+            out[f"ce_head{k + 1}"] = jnp.sum(ce_nh[:, k] * valid_nh[:, k])
+            out[f"acc_head{k + 1}"] = jnp.sum(hit_nh[:, k] * valid_nh[:, k])
+        return out
+
+    def loss_fn(params, frozen, batch, key):
+        del key
+        target_model, f_btd = _target_features(t_graphdef, frozen["target"], batch["tokens"])
+        heads = nnx.merge(graphdef, params)
+        h_bthd = heads(f_btd)
+        labels_kbt, valid_kbt = losses.medusa_targets(batch["tokens"], batch["mask"], n_heads)
+        d = h_bthd.shape[-1]
+        rows = (h_bthd.reshape(-1, n_heads, d), labels_kbt.reshape(n_heads, -1).T,
+                valid_kbt.reshape(n_heads, -1).T)
+        table = jax.lax.stop_gradient(head_table(target_model))
+        sums = scan_row_chunks(chunk_fn, table, rows, max(2, loss.logit_chunk // n_heads))
+        return sums.pop("loss"), sums
+
+    meta = {"kind": "medusa", "medusa_config": dataclasses.asdict(mcfg), "target": target.identity}
+    return Task("medusa", graphdef, params, {"target": t_state}, loss_fn, meta, {}, lambda p, f: p)
+
+
+def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
+                     vocab_ids: np.ndarray | None) -> Task:
+    """EAGLE: from (f_t, x_{t+1}) predict f_{t+1} (smooth-L1) and x_{t+2} through the frozen head (CE)."""
+    tcfg = target.model.cfg
+    ecfg = EagleConfig.from_target(tcfg)
+    graphdef, params = nnx.split(_make(lambda: EagleHead(ecfg, rngs=nnx.Rngs(seed)), abstract))
+    t_graphdef, t_state = nnx.split(target.model)
+    cap = tcfg.final_logit_softcap
+    frozen = {"target": t_state}
+    if vocab_ids is not None:
+        vocab = DraftVocab(np.asarray(vocab_ids), tcfg.vocab_size)
+        frozen["vocab_ids"] = jnp.asarray(vocab.ids_n)
+        frozen["vocab_index"] = jnp.asarray(vocab.index_of())
+
+    def chunk_fn(table_nd, pred_nd, feat_nd, labels_n, reg_mask_n, label_n, in_vocab_n):
+        logits = logits_nv(pred_nd, table_nd, cap)
+        _, reg_n, ce_n = losses.eagle_n(pred_nd, feat_nd, logits, labels_n, in_vocab_n, 1.0, 1.0)
+        loss_sum = loss.eagle_feature_weight * jnp.sum(reg_n * reg_mask_n) + loss.eagle_ce_weight * jnp.sum(ce_n)
+        # Accuracy counts out-of-vocabulary labels as misses: such a token can never be drafted.
+        acc = accuracy_sums(logits, labels_n, label_n * in_vocab_n, loss.top_k)
+        return {"loss": loss_sum, "reg": jnp.sum(reg_n * reg_mask_n), "ce": jnp.sum(ce_n), "tokens": jnp.sum(label_n),
+                "in_vocab": jnp.sum(in_vocab_n), **acc}
+
+    def loss_fn(params, frozen, batch, key):
+        del key
+        tokens_bt, mask_bt = batch["tokens"], batch["mask"].astype(jnp.float32)
+        target_model, f_btd = _target_features(t_graphdef, frozen["target"], tokens_bt)
+        head = nnx.merge(graphdef, params)
+        embed_vd = jax.lax.stop_gradient(target_model.embed[...])
+        pos_bt = positions_like(tokens_bt)[:, :-1]
+        pred_btd, _ = head(f_btd[:, :-1], tokens_bt[:, 1:], embed_vd, pos_bt)
+        labels_bt = jnp.concatenate([tokens_bt[:, 2:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
+        label_bt = jnp.concatenate([mask_bt[:, 1:-1], jnp.zeros_like(mask_bt[:, :1])], axis=1)  # x_{t+2} a target
+        reg_mask_bt = jnp.maximum(mask_bt[:, :-1], label_bt)  # f_{t+1} of every pair inside the data
+        table = jax.lax.stop_gradient(head_table(target_model))
+        if "vocab_ids" in frozen:
+            table = jnp.take(table, frozen["vocab_ids"], axis=0)
+            idx_bt = jnp.take(frozen["vocab_index"], labels_bt, axis=0)
+            in_vocab_bt, labels_bt = (idx_bt >= 0).astype(jnp.float32) * label_bt, jnp.maximum(idx_bt, 0)
+        else:
+            in_vocab_bt = label_bt
+        d = pred_btd.shape[-1]
+        rows = (pred_btd.reshape(-1, d), f_btd[:, 1:].reshape(-1, d), labels_bt.reshape(-1), reg_mask_bt.reshape(-1),
+                label_bt.reshape(-1), in_vocab_bt.reshape(-1))
+        sums = scan_row_chunks(chunk_fn, table, rows, loss.logit_chunk)
+        return sums.pop("loss"), sums
+
+    meta = {"kind": "eagle", "eagle_config": {"layer": dataclasses.asdict(ecfg.layer), "vocab_size": ecfg.vocab_size,
+                                              "embed_multiplier": ecfg.embed_multiplier},
+            "target": target.identity, "vocab_ids": None if vocab_ids is None else [int(i) for i in vocab_ids]}
+    return Task("eagle", graphdef, params, frozen, loss_fn, meta, model_units(ecfg.layer), lambda p, f: p)

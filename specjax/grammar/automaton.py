@@ -140,13 +140,14 @@ class _Builder:
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
         self.alt_syms = [syms for _, syms in cfg.alts]
-        # Nesting bound: a symbol may be pending at most max_depth times beyond its count in one alternative
-        # (so straight-line repeats such as  "a" "a" "a"  are never cut, and "]" is pending once per open "[").
+        # Nesting bound: a symbol may be pending at most max_depth times (or its count in one alternative,
+        # if larger, so that straight-line repeats such as  "a" "a" "a"  are never cut): "]" is pending once
+        # per open "[", so max_depth is the nesting depth per bracket kind.
         per_alt: dict[int, int] = {}
         for syms in self.alt_syms:
             for x, k in Counter(syms).items():
                 per_alt[x] = max(per_alt.get(x, 0), k)
-        self.limit = {x: max_depth + k for x, k in per_alt.items()}
+        self.limit = {x: max(max_depth, k) for x, k in per_alt.items()}
         self.truncated = False
         self._closure_memo: dict = {}
         # A "boundary" is where a lexeme may start. It is interned by its expansion, the set of
@@ -235,6 +236,7 @@ class _Builder:
         start = self._close([(-(self.cfg.start + 1),)])
         init = (frozenset((t, 0, c) for t, c in self._fresh(start)), True)
         ids, order, rows, accepts = {init: 0}, [init], [], []
+        self.states = order  # kept for inspection
         while len(rows) < len(order):
             threads, is_init = order[len(rows)]
             accepts.append(self._boundaries[start][1] if is_init else any(

@@ -29,16 +29,17 @@ class GrammarOptions:
 
     Attributes:
       start: the start rule.
-      max_depth: nesting bound D. A symbol may be pending at most D times beyond its count in one
-        alternative: D + 1 levels of the same bracket kind (JSON: D + 1 nested objects and, independently,
-        D + 1 nested arrays); deeper nesting is masked out. Iteration (left/right recursion) is unbounded.
+      max_depth: nesting bound D: a symbol may be pending at most D times (or its count in one alternative,
+        if larger), i.e. D levels of each bracket kind (JSON: D nested objects and, independently, D nested
+        arrays); deeper nesting is masked out. Iteration (left/right recursion) is never bounded. The
+        automaton grows about 3.6x per level for JSON (see docs/grammar.md).
       max_states: refuse grammars whose subset construction passes this many states.
       cache: read and write compiled tables under ``cache_root()/grammar``.
       eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
     """
 
     start: str = "start"
-    max_depth: int = 2
+    max_depth: int = 3
     max_states: int = 200_000
     cache: bool = True
     eos_ids: tuple[int, ...] | None = None

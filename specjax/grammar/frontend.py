@@ -78,7 +78,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
                            "needs a postlexer, e.g. Python's _INDENT/_DEDENT, which a regular automaton cannot model)")
     terminals = tuple(terminal_dfa(name, term_defs[name].pattern) for name in term_names)
     rules = {n: rules[n] for n in used}
-    rules = _remove_left_recursion(rules)
+    rules = _merge_optional_repeats(_remove_left_recursion(rules))
     productive = _productive(rules, set(term_names))
     if start not in productive:
         raise GrammarError(f"the grammar's language is empty: rule {start!r} derives no finite string "
@@ -125,6 +125,36 @@ def _remove_left_recursion(rules: dict[str, list[tuple[str, ...]]]) -> dict[str,
         tail = f"{name}__rest"
         out[name] = [a + (tail,) for a in alts if a[:1] != (name,)]
         out[tail] = [a + (tail,) for a in recursive] + [()]
+    return out
+
+
+def _merge_optional_repeats(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
+    """Merges ``P Q | P S Q`` into ``P S* Q`` where ``S`` is a repetition ``a+`` (``S: a S*``, ``S*: a S* | ε``).
+
+    Lark spells ``[x ("," x)*]`` as separate alternatives with and without the repetition; merged, the
+    parser configuration after a list's first element equals the one after a later element, so the
+    automaton does not carry that distinction through every nesting level (same language).
+    """
+    star = {}
+    for name, alts in rules.items():
+        rest = f"{name}__rest"
+        if len(alts) == 1 and alts[0][-1:] == (rest,) and sorted(rules.get(rest, [])) == sorted([alts[0], ()]):
+            star[name] = rest
+    out = {}
+    for name, alts in rules.items():
+        alts = list(dict.fromkeys(alts))
+        changed = True
+        while changed:
+            changed = False
+            present = set(alts)
+            for a in alts:
+                i = next((i for i, x in enumerate(a) if x in star and a[:i] + a[i + 1:] in present), None)
+                if i is not None:
+                    merged = a[:i] + (star[a[i]],) + a[i + 1:]
+                    alts = [x for x in alts if x not in (a, a[:i] + a[i + 1:])] + [merged]
+                    changed = True
+                    break
+        out[name] = alts
     return out
 
 

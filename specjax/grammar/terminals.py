@@ -162,7 +162,27 @@ def _determinise(edges: list[dict[int, set[int]]], start: int, finals: set[int])
             row[b] = ids[key]
         rows.append(row)
     accept = np.array([bool(s & finals) for s in order], bool)
-    return ByteDFA(np.array(rows, np.int32).reshape(len(order), 256), accept)
+    return _minimal(np.array(rows, np.int32).reshape(len(order), 256), accept)
+
+
+def _minimal(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
+    """The minimal equivalent DFA (fewer lexer states → fewer grammar automaton states), start kept at 0."""
+    from specjax.grammar.automaton import minimize
+
+    block, n = minimize(trans, accept)
+    ids = np.full(n, -1, np.int64)
+    ids[block[0]] = 0
+    nxt = 1
+    for b in block:
+        if ids[b] < 0:
+            ids[b] = nxt
+            nxt += 1
+    out = np.full((nxt, 256), -1, np.int32)
+    acc = np.zeros(nxt, bool)
+    new = ids[block]
+    out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
+    acc[new] = accept
+    return ByteDFA(out, acc)
 
 
 def _complement(points: list[int]) -> list[tuple[int, int]]:

@@ -140,14 +140,16 @@ class _Builder:
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
         self.alt_syms = [syms for _, syms in cfg.alts]
-        # Nesting bound: a symbol may be pending at most max_depth times (or its count in one alternative,
+        # Nesting bound: a terminal may be pending at most max_depth times (or its count in one alternative,
         # if larger, so that straight-line repeats such as  "a" "a" "a"  are never cut): "]" is pending once
-        # per open "[", so max_depth is the nesting depth per bracket kind.
+        # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
+        # each bracket level may hold a few expression levels (expr, term, factor), and the bound on them
+        # only exists to stop self-embedding without any pending terminal.
         per_alt: dict[int, int] = {}
         for syms in self.alt_syms:
             for x, k in Counter(syms).items():
                 per_alt[x] = max(per_alt.get(x, 0), k)
-        self.limit = {x: max(max_depth, k) for x, k in per_alt.items()}
+        self.limit = {x: max(max_depth if x >= 0 else 4 * max_depth, k) for x, k in per_alt.items()}
         self.truncated = False
         self._closure_memo: dict = {}
         # A "boundary" is where a lexeme may start. It is interned by its expansion, the set of

@@ -59,7 +59,7 @@ def _dies_on_opener(trans_sb: np.ndarray, state: int, data: bytes) -> bool:
 @pytest.mark.parametrize("name", ["json", "arith", "sql"])
 def test_allowed_sets_match_llguidance(name, real_tokenizer, llg_tokenizer):
     tables = compile_grammar(GRAMMARS[name], real_tokenizer, GrammarOptions(max_depth=2))
-    trans_sb = np.asarray(tables.trans_sb)
+    trans_sb, accept_s = np.asarray(tables.trans_sb), np.asarray(tables.accept_s)
     pieces = real_tokenizer.token_bytes()
     punct = np.array([bool(p) and not p.strip().isalnum() for p in pieces])
     allowed_fn = jax.jit(allowed)
@@ -74,9 +74,10 @@ def test_allowed_sets_match_llguidance(name, real_tokenizer, llg_tokenizer):
             lnp.fill_next_token_bitmask(matcher, bitmask, 0)
             theirs = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:real_tokenizer.vocab_size] > 0
             ours = np.asarray(allowed_fn(tables, jnp.array([state], jnp.int32)))[0]
+            at_start, at_end = not text.strip(), bool(accept_s[state])
             for t in np.nonzero(ours & ~theirs)[0]:
-                leading = not text.strip() and pieces[t][:1].isspace()
-                trailing = bool(tables.accept_s[state]) and pieces[t].isspace()
+                leading = at_start and pieces[t][:1].isspace()
+                trailing = at_end and pieces[t].isspace()
                 assert leading or trailing, f"after {text!r}: only specjax allows {pieces[t]!r}"
             for t in np.nonzero(theirs & ~ours)[0]:
                 assert _dies_on_opener(trans_sb, state, pieces[t]), f"after {text!r}: only llguidance allows {pieces[t]!r}"

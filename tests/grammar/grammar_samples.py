@@ -72,7 +72,9 @@ GROUP BY c.customer_id, c.name
 ORDER BY revenue DESC, n_orders ASC, c.name
 LIMIT 50;"""
 
-ARITH_DOC = """(-b + sqrt(b ^ 2 - 4 * a * c)) / (2 * a) - max(1.5e3, min(x_1, y_2 * (3.25 - z)), -(k / 7)) * ((((w + 1) * (w - 1)) / (w ^ 2 + 0.001)) - log(abs(theta) + 1e-9)) + f(g(h(1, 2), 3), (4 + 5) * 6 - 7 / 8) ^ 2"""
+ARITH_DOC = ('(-b + sqrt(b ^ 2 - 4 * a * c)) / (2 * a) - max(1.5e3, min(x_1, y_2 * (3.25 - z)), -(k / 7)) * ((((w '
+             '+ 1) * (w - 1)) / (w ^ 2 + 0.001)) - log(abs(theta) + 1e-9)) + f(g(h(1, 2), 3), (4 + 5) * 6 - 7 / 8)'
+             ' ^ 2')
 
 JSON_DOC = """{"sku": "TRL-0421", "name": "Trail \u00e9 \u6771", "price": {"amount": 12999, "currency": "EUR"},
  "tags": ["running", "trail"], "variants": [{"id": 1001, "size": "M", "dims": {"w": 310.5e-1}}], "ok": true,

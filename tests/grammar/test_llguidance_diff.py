@@ -70,7 +70,7 @@ def test_allowed_sets_match_llguidance(name, real_tokenizer, llg_tokenizer):
         matcher = llguidance.LLMatcher(llg_tokenizer, llguidance.LLMatcher.grammar_from_lark(GRAMMARS[name]))
         assert not matcher.is_error(), matcher.get_error()
         state, text = tables.initial_state, b""
-        for step in range(STEPS):
+        for _ in range(STEPS):
             lnp.fill_next_token_bitmask(matcher, bitmask, 0)
             theirs = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:real_tokenizer.vocab_size] > 0
             ours = np.asarray(allowed_fn(tables, jnp.array([state], jnp.int32)))[0]
@@ -80,7 +80,8 @@ def test_allowed_sets_match_llguidance(name, real_tokenizer, llg_tokenizer):
                 trailing = at_end and pieces[t].isspace()
                 assert leading or trailing, f"after {text!r}: only specjax allows {pieces[t]!r}"
             for t in np.nonzero(theirs & ~ours)[0]:
-                assert _dies_on_opener(trans_sb, state, pieces[t]), f"after {text!r}: only llguidance allows {pieces[t]!r}"
+                assert _dies_on_opener(trans_sb, state, pieces[t]), \
+                    f"after {text!r}: only llguidance allows {pieces[t]!r}"
             common = np.nonzero(ours & theirs)[0]
             compared += 1
             choice = common[punct[common]] if rng.random() < 0.7 and punct[common].any() else common

@@ -27,7 +27,7 @@ from flax import struct
 
 from specjax.decode import loop
 from specjax.decode.drafters import Observation
-from specjax.decode.sampling import sample
+from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.verify import greedy_verify, sampling_verify
 from specjax.models.kv_cache import KVCache
 
@@ -63,6 +63,8 @@ class SpecState:
     have matched the committed text so far.
 
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
+    sampling (static), temperature and top_p are the loop's token selection, so that a sampling
+    drafter can filter its q exactly like the target's p (`draft_chain.DraftSampling`).
     """
 
     cache: KVCache
@@ -85,6 +87,9 @@ class SpecState:
     shadow_len_b: jax.Array
     shadow_hit_b: jax.Array
     draft_state: Any = ()
+    sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
+    temperature: jax.Array | float = 1.0
+    top_p: jax.Array | float = 1.0
 
     @property
     def hist_len_b(self) -> jax.Array:

@@ -109,6 +109,7 @@ def speculative_program(
         shadow_hit_b=jnp.zeros((b,), jnp.int32),
         draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
                                                               first_b=first_b, num_slots=cache.num_slots)),
+        sampling=sampling, temperature=temperature, top_p=top_p,
     )
     state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)

@@ -35,7 +35,7 @@ def test_unknown_option_is_named():
     ({"prompts_file": "/nonexistent/p.jsonl"}, "no such file"),
     ({"model": "/nonexistent/model.gguf"}, "model file not found: /nonexistent/model.gguf"),
     ({"dtype": "float8"}, "dtype='float8' is not one of"),
-    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram)"),
+    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram, layerskip, draft)"),
     ({"spec": "bogus"}, "spec='bogus' is unknown"),
     ({"spec": "ngram", "spec_k": 0}, "k must be a positive integer"),
 ])

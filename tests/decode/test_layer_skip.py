@@ -5,14 +5,15 @@ N-layer model as its own `Transformer`, whose uncached forward over the whole te
 distribution the early-exit drafter (reading the target's cache) sampled from.
 """
 
-from types import SimpleNamespace
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ByteTokenizer
-from test_speculative import BIGRAM_PROMPTS, EOS, K, PROMPTS, TOK, bigram_model, oracle
+from flax import struct
+from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
 from specjax.decode.draft_chain import confident_len
 from specjax.decode.draft_model import slice_model
@@ -20,6 +21,7 @@ from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
 from specjax.decode.sampling import SamplingConfig, filter_logits
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.models.kv_cache import KVCache
 
 CHI2_999 = {26: 54.052}  # scipy.stats.chi2.ppf(0.999, 26)
 KEPT = np.arange(3, 64, 2)  # a reduced draft vocabulary: every other byte id
@@ -43,13 +45,15 @@ def test_layer_subset_reduced_vocab_and_confidence_greedy_equals_plain_batch1(ti
     # Layers (0, 2) skip the middle one (reading the target's cache is then an approximation), 31 kept
     # ids, drafts cut at top probability 0.2, adaptive rounds.
     drafter = LayerSkipDrafter((0, 2), threshold=0.2)
-    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter, draft_params=reduced_head(tiny_model, KEPT))
+    head = reduced_head(tiny_model, KEPT)
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter, draft_params=head)
     out, stats = gen.generate(PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=1, ignore_eos=True),
                               SpecConfig(k=K))
     assert [o.tokens for o in out] == reference
     assert 0 < stats.mean_draft_len < K, stats.line()  # the confidence cut shortened some drafts
 
 
+@pytest.mark.slow  # test_draft_model's bigram test covers the default suite
 def test_eos_inside_an_accepted_block():
     # The bigram model's layers add nothing, so its first layer alone drafts perfectly (see test_speculative).
     gen = SpeculativeGenerator(bigram_model(EOS), TOK, drafter=LayerSkipDrafter.early_exit(1))
@@ -78,6 +82,22 @@ def test_bad_layers_are_refused(tiny_model):
 
 
 # ------------------------------------------------------------------------------------ sampled drafts
+@struct.dataclass
+class LoopView:
+    """The fields of `spec_rounds.SpecState` that a model drafter reads."""
+
+    cache: KVCache
+    hist_bl: jax.Array
+    last_b: jax.Array
+    pos_b: jax.Array
+    key: jax.Array
+    steps: jax.Array
+    temperature: jax.Array
+    top_p: jax.Array
+    draft_state: Any = ()
+    sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
+
+
 def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
     """The loop state a drafter sees after the prompt was prefilled and `last` committed after it."""
     ids = TOK.encode(prompt)
@@ -86,7 +106,7 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
     tokens_bt = jnp.broadcast_to(jnp.asarray(ids), (rows, t))
     _, cache = model(tokens_bt, jnp.broadcast_to(jnp.arange(t), (rows, t)), cache, jnp.zeros((rows,), jnp.int32))
     hist_bl = jnp.zeros((rows, t + 8), jnp.int32).at[:, :t].set(tokens_bt).at[:, t].set(last)
-    return SimpleNamespace(
+    return LoopView(
         cache=cache, hist_bl=hist_bl, last_b=jnp.full((rows,), last, jnp.int32), pos_b=jnp.full((rows,), t, jnp.int32),
         key=jax.random.key(seed), steps=jnp.int32(0), draft_state=(),
         sampling=SamplingConfig(temperature=1.0, top_p=1.0 if top_p >= 1 else 0.5),
@@ -122,12 +142,12 @@ def chi_square_1d(samples, probs, min_expected=5.0):
 def check_sampled_draft(drafter, draft_params, target, ref_model, kept, init=None):
     """Draft q is a distribution over the full vocabulary, zero outside `kept`, equal to the reference
     model's filtered distribution at both draft positions, and the drafted tokens follow it."""
-    rows, temperature, top_p = 3000, 0.8, 0.9
+    rows, temperature, top_p = 2000, 0.8, 0.9
     state, context = prefilled_state(target, "abcab", last=TOK.encode("c", add_bos=False)[0], rows=rows,
                                      temperature=temperature, top_p=top_p)
     if init is not None:
-        state.draft_state = init(state)
-    draft, _ = drafter.propose(target, draft_params, state, 2)
+        state = state.replace(draft_state=init(state))
+    draft, _ = jax.jit(lambda p, s: drafter.propose(target, p, s, 2))(draft_params, state)
     q_bkv, tok_bk = np.asarray(draft.q_probs_bkv), np.asarray(draft.tokens_bk)
     assert q_bkv.shape == (rows, 2, 64) and np.asarray(draft.len_b).tolist() == [2] * rows
     np.testing.assert_allclose(q_bkv.sum(-1), 1.0, atol=1e-5)
@@ -145,6 +165,7 @@ def check_sampled_draft(drafter, draft_params, target, ref_model, kept, init=Non
                                atol=2e-5)
 
 
+@pytest.mark.slow  # the same `choose` path runs by default in test_draft_model
 def test_sampled_draft_q_is_what_the_tokens_were_drawn_from(tiny_model):
     check_sampled_draft(LayerSkipDrafter.early_exit(2), reduced_head(tiny_model, KEPT), tiny_model,
                         slice_model(tiny_model, (0, 1)), KEPT)

@@ -16,6 +16,7 @@ import numpy as np
 
 from specjax.decode.drafters import NgramDrafter
 from specjax.decode.generate import GenerationError
+from specjax.models.loading import DEFAULT_MODEL
 
 METHODS = ("ngram", "layerskip", "draft")
 
@@ -27,6 +28,9 @@ def check_spec(spec) -> None:
     if spec.method == "draft" and not spec.draft_model:
         raise GenerationError("the draft method needs a draft model: set draft_model= (a .gguf file or a "
                               "Hugging Face directory)")
+    if spec.draft_model and spec.draft_model != DEFAULT_MODEL and not Path(spec.draft_model).expanduser().exists():
+        raise GenerationError(f"draft_model={spec.draft_model!r}: no such file or directory (expected a .gguf file "
+                              "or a Hugging Face directory)")
     if not isinstance(spec.draft_vocab, int) or spec.draft_vocab < 0:
         raise GenerationError(f"draft_vocab must be an integer >= 0 (0 = full vocabulary), got {spec.draft_vocab!r}")
     if spec.draft_vocab and spec.draft_vocab_corpus is None:

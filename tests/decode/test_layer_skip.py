@@ -20,6 +20,7 @@ from specjax.decode.draft_model import slice_model
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
 from specjax.decode.sampling import SamplingConfig, filter_logits
+from specjax.decode.spec_methods import build_drafter
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
 from specjax.models.kv_cache import KVCache
 
@@ -211,3 +212,19 @@ def test_sampling_is_lossless_end_to_end(tiny_model):
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=LayerSkipDrafter.early_exit(1))
     stats = first_tokens_joint_test(gen, tiny_model, SpecConfig(k=2, adaptive=False))
     assert 0.05 < stats.acceptance_by_position[0] < 0.95, stats.line()  # both outcomes were exercised
+
+
+def test_factory_builds_layer_skip_with_a_reduced_vocabulary(tiny_model, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"prompt": "aaaa bbb", "reference": "cc"}\n{"id": 7, "text": "a"}\n')
+    spec = SpecConfig(method="layerskip", layers=2, draft_vocab=4, draft_vocab_corpus=str(corpus), confidence=0.3)
+    drafter, head = build_drafter(spec, tiny_model, ByteTokenizer())
+    assert drafter == LayerSkipDrafter((0, 1), threshold=0.3)
+    a, b, c, space = (TOK.encode(ch, add_bos=False)[0] for ch in "abc ")
+    # a (5), b (3) and c (2) are the most frequent; EOS (id 1) is always kept and takes the last slot.
+    assert head.ids_n.tolist() == sorted([1, a, b, c])
+    np.testing.assert_array_equal(head.table_nd, np.asarray(tiny_model.embed[...])[sorted([1, a, b, c])])
+    with pytest.raises(GenerationError, match="exceed the target's 3 layers"):
+        build_drafter(SpecConfig(method="layerskip", layers=(0, 3)), tiny_model, ByteTokenizer())
+    with pytest.raises(GenerationError, match="method 'medusa' is unknown"):
+        SpecConfig(method="medusa")

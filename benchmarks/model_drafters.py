@@ -30,8 +30,9 @@ from specjax.decode.draft_model import DraftModelDrafter, slice_model
 from specjax.decode.drafters import NgramDrafter
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
-from specjax.decode.spec_methods import corpus_texts, frequent_ids
+from specjax.decode.spec_methods import corpus_texts
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.models.draft_vocab import DraftVocab
 from specjax.models.loading import load_model
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "prompts"
@@ -81,7 +82,7 @@ def main() -> None:
     configs = [("ngram", NgramDrafter(), ())]
     for n in (int(x) for x in args.layers.split(",")):
         for v in (int(x) for x in args.vocab.split(",")):
-            params = () if v == 0 else reduced_head(model, frequent_ids(counts, v, model.cfg.eos_ids))
+            params = () if v == 0 else reduced_head(model, DraftVocab.from_counts(counts, v, model.cfg.eos_ids))
             configs.append((f"layerskip N={n}" + (f" vocab {v}" if v else ""), LayerSkipDrafter.early_exit(n), params))
     if args.draft_slice:
         d, p = DraftModelDrafter.create(slice_model(model, range(args.draft_slice)), model)
@@ -98,8 +99,8 @@ def main() -> None:
         base = statistics.median(s.tokens_per_s for _, s in base_runs)
         for v in (int(x) for x in args.vocab.split(",")):
             if v:
-                kept = frequent_ids(counts, v, model.cfg.eos_ids)
-                print(f"prompt {pi}: vocab {v} covers {np.isin(ref, kept).mean():.1%} of plain greedy's tokens",
+                kept = DraftVocab.from_counts(counts, v, model.cfg.eos_ids)
+                print(f"prompt {pi}: vocab {v} covers {np.isin(ref, kept.ids_n).mean():.1%} of plain greedy's tokens",
                       file=sys.stderr)
         for name, gen in gens.items():
             gen.generate([prompt], cfg, spec)  # compile

@@ -11,7 +11,7 @@ hidden state into a token:
     reported over the FULL target vocabulary — zero outside a reduced draft vocabulary — so
     `verify.sampling_verify` stays lossless.
 
-A reduced draft vocabulary (FR-Spec / EAGLE-3) scores only N kept target ids (`VocabHead`): on
+A reduced draft vocabulary (FR-Spec / EAGLE-3) scores only N kept target ids (`draft_vocab.HeadTable`): on
 Gemma 3 the 262,144-row head is most of a draft step's cost. Confidence-based adaptive length: a
 draft is cut at its first position whose top draft probability is below a threshold.
 """
@@ -22,10 +22,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import struct
+import numpy as np
 
 from specjax.decode.drafters import Draft
+from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import SamplingConfig, filter_logits
+from specjax.decode.tree import confident_length
+from specjax.models.draft_vocab import DraftVocab, DraftVocabError, HeadTable
 from specjax.models.kv_cache import attention_masks, causal_block_mask
 
 # Salt for the draft's PRNG stream: `jax.random.fold_in(key, i)` equals `split(key)[i]` for small i,
@@ -33,33 +36,18 @@ from specjax.models.kv_cache import attention_masks, causal_block_mask
 _DRAFT_SALT = 0x5EED_D12A
 
 
-@struct.dataclass
-class VocabHead:
-    """A draft output head restricted to N kept target ids (a jit argument, never a constant).
+def reduced_head(model, ids_n) -> HeadTable:
+    """The draft head over the kept target ids `ids_n` (sorted, unique): rows of `model`'s output head.
 
-    Attributes:
-      table_nd: the head's rows [N, D] for the kept ids.
-      ids_n: target id of each row [N] (int32).
-      softcap: the model's final logit soft-cap (static), or None.
+    Raises:
+      GenerationError: ids that are not a sorted, unique, non-empty list inside the vocabulary.
     """
-
-    table_nd: jax.Array
-    ids_n: jax.Array
-    softcap: float | None = struct.field(pytree_node=False, default=None)
-
-    @classmethod
-    def from_model(cls, model, ids_n) -> VocabHead:
-        """Gathers the kept rows of `model`'s output head (its embedding when tied)."""
-        table_vd = model.embed[...] if model.head is None else model.head[...]
-        ids_n = jnp.asarray(ids_n, jnp.int32)
-        return cls(table_nd=jnp.take(table_vd, ids_n, axis=0), ids_n=ids_n, softcap=model.cfg.final_logit_softcap)
-
-    def logits(self, hidden_bd: jax.Array) -> jax.Array:
-        """float32 logits [B, N] (as `Transformer.logits`, on the kept rows only)."""
-        # A 2-D product: XLA:CPU runs [B, D] @ [N, D]^T faster than a batched einsum (docs/performance.md).
-        logits_bn = jax.lax.dot_general(hidden_bd.astype(self.table_nd.dtype), self.table_nd,
-                                        (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        return logits_bn if self.softcap is None else jnp.tanh(logits_bn / self.softcap) * self.softcap
+    table_vd = model.embed[...] if model.head is None else model.head[...]
+    try:
+        vocab = ids_n if isinstance(ids_n, DraftVocab) else DraftVocab(np.asarray(ids_n), model.cfg.vocab_size)
+        return vocab.head(table_vd, model.cfg.final_logit_softcap)
+    except DraftVocabError as e:
+        raise GenerationError(f"reduced draft vocabulary: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +92,7 @@ def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
     return model.final_norm(x_btd), tuple(new_k), tuple(new_v)
 
 
-def head_logits(model, head: VocabHead | None, hidden_bd: jax.Array, live: jax.Array) -> jax.Array:
+def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, live: jax.Array) -> jax.Array:
     """Draft logits [B, N] over the reduced vocabulary, or [B, V] through the model's own head."""
     if head is not None:
         return head.logits(hidden_bd)
@@ -140,13 +128,7 @@ def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):
     return tok_b.astype(jnp.int32), q_bv, conf_b
 
 
-def confident_len(conf_bk: jax.Array, threshold: float) -> jax.Array:
-    """Per row, how many leading draft positions have top draft probability >= threshold (0..k)."""
-    ok_bk = (conf_bk >= threshold).astype(jnp.int32)
-    return jnp.sum(jnp.cumprod(ok_bk, axis=1), axis=1).astype(jnp.int32)
-
-
-def draft_chain(model, head: VocabHead | None, hidden_bd, carry, step, state, k: int, threshold: float):
+def draft_chain(model, head: HeadTable | None, hidden_bd, carry, step, state, k: int, threshold: float):
     """k draft tokens: pick from hidden_bd, feed the pick to `step`, repeat (k - 1 forwards).
 
     Args:
@@ -180,5 +162,7 @@ def draft_chain(model, head: VocabHead | None, hidden_bd, carry, step, state, k:
     tokens_bk = jnp.concatenate([tok_kb.T, tok_b[:, None]], axis=1)
     conf_bk = jnp.concatenate([conf_kb.T, conf_b[:, None]], axis=1)
     q_bkv = None if q_bv is None else jnp.concatenate([jnp.swapaxes(q_kbv, 0, 1), q_bv[:, None]], axis=1)
-    len_b = confident_len(conf_bk, threshold) if threshold > 0 else jnp.full(state.pos_b.shape, k, jnp.int32)
+    # The draft's own top probability per position (not the running product): stop where it first drops.
+    len_b = (confident_length(conf_bk, threshold, cumulative=False) if threshold > 0
+             else jnp.full(state.pos_b.shape, k, jnp.int32))
     return Draft(tokens_bk=tokens_bk, len_b=len_b, q_probs_bkv=q_bkv), carry

@@ -24,12 +24,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
-from specjax.decode.draft_chain import VocabHead, draft_chain, forward_layers
+from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
 from specjax.decode.drafters import Draft, Prefill
 from specjax.decode.generate import GenerationError
+from specjax.models.draft_vocab import HeadTable
 from specjax.models.kv_cache import KVCache
 from specjax.models.params import build_model, model_weights
 from specjax.models.transformer import Transformer
@@ -40,7 +40,7 @@ class DraftModelParams:
     """draft_params of `DraftModelDrafter`: the draft model's nnx state and an optional reduced head."""
 
     state: Any
-    head: VocabHead | None = None
+    head: HeadTable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +69,7 @@ class DraftModelDrafter:
 
         Args:
           draft, target: the two models; they must share the vocabulary (same tokenizer).
-          vocab_ids: optional kept target ids of a reduced draft vocabulary.
+          vocab_ids: optional reduced draft vocabulary (a `DraftVocab`, or sorted kept target ids).
           threshold: draft confidence threshold (0 = off).
 
         Raises:
@@ -79,12 +79,7 @@ class DraftModelDrafter:
         if dv != tv:
             raise GenerationError(f"the draft model's vocabulary ({dv} tokens) differs from the target's ({tv}): "
                                   "a draft model must share the target's tokenizer")
-        head = None
-        if vocab_ids is not None:
-            ids = np.asarray(vocab_ids)
-            if ids.ndim != 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= tv:
-                raise GenerationError(f"draft vocabulary ids must be a non-empty 1-D list in [0, {tv})")
-            head = VocabHead.from_model(draft, ids)
+        head = None if vocab_ids is None else reduced_head(draft, vocab_ids)
         graphdef, state = nnx.split(draft)
         return cls(graphdef, threshold), DraftModelParams(state=state, head=head)
 

@@ -23,18 +23,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
-
-from specjax.decode.draft_chain import VocabHead, draft_chain, forward_layers
+from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
 from specjax.decode.drafters import Draft, StatelessDrafter
 from specjax.decode.generate import GenerationError
+from specjax.models.draft_vocab import HeadTable
+
+__all__ = ["LayerSkipDrafter", "reduced_head"]
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSkipDrafter(StatelessDrafter):
     """Drafts with the target's blocks `layers` (in order) + its final norm and head.
 
-    draft_params: a `VocabHead` for a reduced draft vocabulary, or () for the target's full head.
+    draft_params: a `draft_vocab.HeadTable` for a reduced draft vocabulary (`draft_chain.reduced_head`),
+    or () for the target's full head.
 
     Attributes:
       layers: indices of the kept blocks, strictly increasing (e.g. (0, 1, 2, 3) = early exit after 4).
@@ -68,7 +70,7 @@ class LayerSkipDrafter(StatelessDrafter):
 
     def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]:
         self.check(model)
-        head = draft_params if isinstance(draft_params, VocabHead) else None
+        head = draft_params if isinstance(draft_params, HeadTable) else None
         kv_k = tuple(state.cache.k[i] for i in self.layers)
         kv_v = tuple(state.cache.v[i] for i in self.layers)
 
@@ -80,11 +82,3 @@ class LayerSkipDrafter(StatelessDrafter):
         hidden_bd, kv = step(state.last_b, state.pos_b, (kv_k, kv_v))
         draft, _ = draft_chain(model, head, hidden_bd, kv, step, state, k, self.threshold)
         return draft, state.draft_state
-
-
-def reduced_head(model, ids_n) -> VocabHead:
-    """draft_params of a layer-skip drafter over the kept target ids `ids_n` (sorted or not)."""
-    ids_n = jnp.asarray(ids_n, jnp.int32)
-    if ids_n.ndim != 1 or ids_n.size == 0 or int(ids_n.min()) < 0 or int(ids_n.max()) >= model.cfg.vocab_size:
-        raise GenerationError(f"draft vocabulary ids must be a non-empty list in [0, {model.cfg.vocab_size})")
-    return VocabHead.from_model(model, ids_n)

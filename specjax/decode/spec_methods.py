@@ -16,6 +16,7 @@ import numpy as np
 
 from specjax.decode.drafters import NgramDrafter
 from specjax.decode.generate import GenerationError
+from specjax.models.draft_vocab import DraftVocab, DraftVocabError
 from specjax.models.loading import DEFAULT_MODEL
 
 METHODS = ("ngram", "layerskip", "draft")
@@ -64,26 +65,18 @@ def corpus_texts(path: str | Path) -> list[str]:
     return texts
 
 
-def frequent_ids(counts_v: np.ndarray, size: int, always=()) -> np.ndarray:
-    """The `size` most frequent ids (ties: smaller id first), always including `always`, sorted."""
-    v = counts_v.shape[0]
-    if not 1 <= size <= v:
-        raise GenerationError(f"draft_vocab must be in [1, {v}] (the target's vocabulary), got {size}")
-    rank = counts_v.astype(np.float64).copy()
-    rank[[int(i) for i in always if 0 <= int(i) < v]] = np.inf
-    order = np.lexsort((np.arange(v), -rank))
-    return np.sort(order[:size]).astype(np.int32)
-
-
-def draft_vocab_ids(spec, model, tokenizer) -> np.ndarray | None:
-    """Kept ids of the reduced draft vocabulary, or None for the full one."""
+def draft_vocab(spec, model, tokenizer) -> DraftVocab | None:
+    """The reduced draft vocabulary (most frequent ids of the corpus, EOS ids always kept), or None."""
     if not spec.draft_vocab:
         return None
     v = model.cfg.vocab_size
     counts = np.zeros((v,), np.int64)
     for text in corpus_texts(spec.draft_vocab_corpus):
         counts += np.bincount(np.asarray(tokenizer.encode(text, add_bos=False), np.int64), minlength=v)[:v]
-    return frequent_ids(counts, spec.draft_vocab, model.cfg.eos_ids)
+    try:
+        return DraftVocab.from_counts(counts, spec.draft_vocab, model.cfg.eos_ids)
+    except DraftVocabError as e:
+        raise GenerationError(f"draft_vocab={spec.draft_vocab}: {e}") from None
 
 
 def build_drafter(spec, model, tokenizer, progress: Callable[[str], None] = lambda s: None):
@@ -94,7 +87,7 @@ def build_drafter(spec, model, tokenizer, progress: Callable[[str], None] = lamb
     """
     if spec.method == "ngram":
         return NgramDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram), ()
-    ids = draft_vocab_ids(spec, model, tokenizer)
+    ids = draft_vocab(spec, model, tokenizer)
     if spec.method == "layerskip":
         from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
 

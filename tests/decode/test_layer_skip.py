@@ -15,7 +15,6 @@ from conftest import ByteTokenizer
 from flax import struct
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
-from specjax.decode.draft_chain import confident_len
 from specjax.decode.draft_model import slice_model
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
@@ -65,11 +64,6 @@ def test_eos_inside_an_accepted_block():
     assert stats.acceptance_by_position == (1.0,) * K and stats.rounds == 7
 
 
-def test_confident_len():
-    conf_bk = jnp.array([[0.9, 0.8, 0.3, 0.9], [0.1, 0.9, 0.9, 0.9], [0.6, 0.6, 0.6, 0.6]])
-    assert confident_len(conf_bk, 0.5).tolist() == [2, 0, 4]
-
-
 def test_bad_layers_are_refused(tiny_model):
     for layers in [(), (2, 1), (-1, 0), (1, 1)]:
         with pytest.raises(GenerationError, match="strictly increasing"):
@@ -78,8 +72,10 @@ def test_bad_layers_are_refused(tiny_model):
         LayerSkipDrafter((0, 5)).check(tiny_model)
     with pytest.raises(GenerationError, match="confidence threshold"):
         LayerSkipDrafter((0,), threshold=1.0)
-    with pytest.raises(GenerationError, match="draft vocabulary ids"):
+    with pytest.raises(GenerationError, match=r"reduced draft vocabulary: draft vocabulary ids must lie in \[0, 64\)"):
         reduced_head(tiny_model, [3, 64])
+    with pytest.raises(GenerationError, match="sorted ascending without duplicates"):
+        reduced_head(tiny_model, [5, 3])
 
 
 # ------------------------------------------------------------------------------------ sampled drafts

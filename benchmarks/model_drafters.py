@@ -10,9 +10,10 @@ forward alone, so a model drafter's extra ms/round is its k draft steps.
     python benchmarks/model_drafters.py [--new-tokens 96] [--k 4] [--layers 2,4,6] [--vocab 0,16384,32768]
                                         [--prompts 3] [--reps 1]
 
-Prompts: the first `--prompts` - 1 of ../shared/data/prompts/alpaca_80.jsonl (chat template) and the
-code-edit prompt of benchmarks/speculative.py. The reduced draft vocabulary is the most frequent ids of
-gsm8k_train + alpaca_eval + alpaca_seed_tasks (prompts and references; not alpaca_80).
+Prompts: the first `--prompts` of ../shared/data/prompts/alpaca_80.jsonl (chat template), and with
+--code-edit the code-edit prompt of benchmarks/speculative.py (input-grounded). The reduced draft
+vocabulary: the most frequent ids of gsm8k_train + alpaca_eval + alpaca_seed_tasks (prompts and
+references; not alpaca_80).
 """
 
 from __future__ import annotations
@@ -39,13 +40,13 @@ DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "prompts
 CORPUS = ("gsm8k_train.jsonl", "alpaca_eval.jsonl", "alpaca_seed_tasks.jsonl")
 
 
-def bench_prompts(n: int, tok) -> list[str]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from speculative import prompts as spec_prompts
-
-    rows = [json.loads(line)["prompt"] for line in (DATA / "alpaca_80.jsonl").read_text().splitlines()[:n - 1]]
+def bench_prompts(n: int, tok, code_edit: bool) -> list[str]:
+    rows = [json.loads(line)["prompt"] for line in (DATA / "alpaca_80.jsonl").read_text().splitlines()[:n]]
     chat = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in rows]
-    return [*chat, spec_prompts()["code-edit"]]
+    if not code_edit:
+        return chat
+    code = (Path(json.__file__).parent / "encoder.py").read_text()[2000:3200]
+    return [*chat, f"Here is some Python code:\n\n{code}\n\nHere is the same code with the comments removed:\n\n"]
 
 
 def token_counts(tok, vocab: int) -> np.ndarray:
@@ -71,11 +72,12 @@ def main() -> None:
     ap.add_argument("--layers", default="2,4,6")
     ap.add_argument("--vocab", default="0,16384,32768", help="draft vocabulary sizes (0 = full)")
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--code-edit", action="store_true", help="add benchmarks/speculative.py's code-edit prompt")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--draft-slice", type=int, default=2, help="layers of the sliced 'separate' draft model (0: skip)")
     args = ap.parse_args()
     model, tok = load_model()
-    prompts = bench_prompts(args.prompts, tok)
+    prompts = bench_prompts(args.prompts, tok, args.code_edit)
     cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     counts = token_counts(tok, model.cfg.vocab_size)
 

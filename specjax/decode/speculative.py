@@ -239,7 +239,7 @@ class SpeculativeGenerator(Generator):
         super().__init__(model, tokenizer)
         self.drafter = drafter
         self.draft_params = draft_params
-        self._drafters = {}  # SpecConfig -> (drafter, draft_params) built for it (when drafter is None)
+        self._drafters = {}  # drafter options -> (drafter, draft_params) built for them (when drafter is None)
 
     def generate(
         self,
@@ -273,9 +273,11 @@ class SpeculativeGenerator(Generator):
         if drafter is None:
             from specjax.decode.spec_methods import build_drafter
 
-            if spec not in self._drafters:
-                self._drafters[spec] = build_drafter(spec, self.model, self.tokenizer, progress)
-            drafter, draft_params = self._drafters[spec]
+            what = (spec.method, spec.max_ngram, spec.min_ngram, spec.layers, spec.draft_model, spec.draft_vocab,
+                    spec.draft_vocab_corpus, spec.confidence)  # not k: a new draft length reloads nothing
+            if what not in self._drafters:
+                self._drafters[what] = build_drafter(spec, self.model, self.tokenizer, progress)
+            drafter, draft_params = self._drafters[what]
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
         args = (*args, draft_params)
         b, t, _, n_out = key[:4]

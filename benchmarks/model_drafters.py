@@ -9,6 +9,8 @@ forward alone, so a model drafter's extra ms/round is its k draft steps.
 
     python benchmarks/model_drafters.py [--new-tokens 96] [--k 4] [--layers 2,4,6] [--vocab 0,16384,32768]
                                         [--prompts 3] [--reps 1]
+    python benchmarks/model_drafters.py --agreement   # how often early exit after N layers = the full argmax
+    python benchmarks/model_drafters.py --profile     # plain step vs one draft step vs the verify forward
 
 Prompts: the first `--prompts` of ../shared/data/prompts/alpaca_80.jsonl (chat template), and with
 --code-edit the code-edit prompt of benchmarks/speculative.py (input-grounded). The reduced draft
@@ -19,21 +21,27 @@ references; not alpaca_80).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from specjax.decode.draft_chain import forward_layers, head_logits, reduced_head
 from specjax.decode.draft_model import DraftModelDrafter, slice_model
 from specjax.decode.drafters import NgramDrafter
 from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.layer_skip import LayerSkipDrafter, reduced_head
+from specjax.decode.layer_skip import LayerSkipDrafter
 from specjax.decode.spec_methods import corpus_texts
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
 from specjax.models.draft_vocab import DraftVocab
+from specjax.models.kv_cache import attention_masks, causal_block_mask
 from specjax.models.loading import load_model
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "prompts"
@@ -65,6 +73,82 @@ def top2_margin(model, ids: list[int]) -> float:
     return float(top[1] - top[0])
 
 
+def agreement(model, prompts, tok, new_tokens: int) -> None:
+    """Fraction of plain greedy's tokens that early exit after N layers (+ final norm and head) predicts."""
+    outs, _ = Generator(model, tok).generate(prompts, GenerateConfig(max_new_tokens=new_tokens, ignore_eos=True))
+
+    @jax.jit
+    def exits(ids_1t):
+        t = ids_1t.shape[1]
+        pos_1t = jnp.arange(t)[None]
+        glob, loc = attention_masks(pos_1t, jnp.zeros((1,), jnp.int32), t, causal_block_mask(t)[None],
+                                    model.cfg.sliding_window)
+        x_1td, preds = model.embed_tokens(ids_1t), []
+        for block in model.blocks:
+            x_1td, _ = block(x_1td, pos_1t, loc if block.kind == "local" else glob, None, None)
+            preds.append(jnp.argmax(model.logits(model.final_norm(x_1td)), -1)[0])
+        return jnp.stack(preds)
+
+    hits, n = np.zeros(model.cfg.n_layers), 0
+    for p, o in zip(prompts, outs, strict=True):
+        ids = tok.encode(p) + o.tokens
+        start = len(ids) - len(o.tokens)
+        pred_lt = np.asarray(exits(jnp.asarray([ids])))
+        hits += (pred_lt[:, start - 1:-1] == np.asarray(o.tokens)[None]).sum(axis=1)
+        n += len(o.tokens)
+    print("| N | " + " | ".join(str(i + 1) for i in range(model.cfg.n_layers)) + " |")
+    print("|---" * (model.cfg.n_layers + 1) + "|")
+    print("| agreement | " + " | ".join(f"{h / n:.2f}" for h in hits) + " |")
+
+
+def profile(model, tok, layers, vocab: int, k: int, reps: int = 15) -> None:
+    """Median times of one plain step, one layer-skip draft step and the (k+1)-row verify forward, interleaved."""
+    graphdef, params = nnx.split(model)
+    ids = jnp.asarray([tok.encode("The theory of general relativity, published by Albert Einstein in 1915, explains "
+                                  "gravity as a curvature of spacetime caused by mass and energy, and")])
+    pos_b = jnp.asarray([ids.shape[1]], jnp.int32)
+    _, cache = model(ids, jnp.arange(ids.shape[1])[None], model.init_cache(1, 256), jnp.zeros((1,), jnp.int32))
+    tok_b = jnp.asarray([107], jnp.int32)
+
+    @jax.jit
+    def plain(params, cache):
+        m = nnx.merge(graphdef, params)
+        hidden, _ = m(tok_b[:, None], pos_b[:, None], cache, pos_b)
+        return jnp.argmax(m.logits(jax.lax.optimization_barrier(hidden), live=pos_b[0])[:, 0], -1)
+
+    @functools.partial(jax.jit, static_argnames="n")
+    def draft(params, head, cache, n):
+        m, kept = nnx.merge(graphdef, params), tuple(range(n))
+        hidden, kv_k, _ = forward_layers(m, kept, tuple(cache.k[i] for i in kept), tuple(cache.v[i] for i in kept),
+                                         tok_b[:, None], pos_b[:, None], pos_b)
+        return jnp.argmax(head_logits(m, head, hidden[:, 0], pos_b[0]), -1), kv_k
+
+    @jax.jit
+    def verify(params, cache):
+        m = nnx.merge(graphdef, params)
+        hidden, _ = m(jnp.full((1, k + 1), 107, jnp.int32), pos_b[:, None] + jnp.arange(k + 1)[None], cache, pos_b)
+        return jnp.argmax(m.logits(hidden), -1)
+
+    head = reduced_head(model, np.arange(vocab))  # the timing does not depend on which ids
+    fns = {"plain step (18 layers + int8 head)": lambda: plain(params, cache),
+           f"verify forward, {k + 1} rows (float32 head)": lambda: verify(params, cache)}
+    for n in layers:
+        fns[f"draft step N={n}, full int8 head"] = functools.partial(draft, params, None, cache, n=n)
+        fns[f"draft step N={n}, {vocab} head"] = functools.partial(draft, params, head, cache, n=n)
+    for f in fns.values():
+        jax.block_until_ready(f())
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(f())
+            times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["plain step (18 layers + int8 head)"])
+    print("| program | median ms | / plain step |\n|---|---|---|")
+    for name, ts in times.items():
+        print(f"| {name} | {statistics.median(ts) * 1e3:.1f} | {statistics.median(ts) / base:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=96)
@@ -75,9 +159,16 @@ def main() -> None:
     ap.add_argument("--code-edit", action="store_true", help="add benchmarks/speculative.py's code-edit prompt")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--draft-slice", type=int, default=2, help="layers of the sliced 'separate' draft model (0: skip)")
+    ap.add_argument("--agreement", action="store_true", help="only measure early-exit agreement per N")
+    ap.add_argument("--profile", action="store_true", help="only time plain / draft / verify programs")
     args = ap.parse_args()
     model, tok = load_model()
     prompts = bench_prompts(args.prompts, tok, args.code_edit)
+    if args.agreement:
+        return agreement(model, prompts, tok, args.new_tokens)
+    if args.profile:
+        vocab = max(int(x) for x in args.vocab.split(","))
+        return profile(model, tok, [int(x) for x in args.layers.split(",")], vocab or 16_384, args.k)
     cfg = GenerateConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     counts = token_counts(tok, model.cfg.vocab_size)
 

@@ -187,9 +187,7 @@ def main() -> None:
     gens = {name: SpeculativeGenerator(model, tok, drafter, params) for name, drafter, params in configs}
     for pi, prompt in enumerate(prompts):
         plain.generate([prompt], cfg)  # compile
-        base_runs = [plain.generate([prompt], cfg) for _ in range(args.reps)]
-        ref = base_runs[-1][0][0].tokens
-        base = statistics.median(s.tokens_per_s for _, s in base_runs)
+        ref = plain.generate([prompt], cfg)[0][0].tokens
         for v in (int(x) for x in args.vocab.split(",")):
             if v:
                 kept = DraftVocab.from_counts(counts, v, model.cfg.eos_ids)
@@ -197,7 +195,12 @@ def main() -> None:
                       file=sys.stderr)
         for name, gen in gens.items():
             gen.generate([prompt], cfg, spec)  # compile
-            runs = [gen.generate([prompt], cfg, spec) for _ in range(args.reps)]
+            # Plain and speculative runs alternate, so that both see the same (shared, noisy) machine.
+            runs, base_tps = [], []
+            for _ in range(args.reps):
+                base_tps.append(plain.generate([prompt], cfg)[1].tokens_per_s)
+                runs.append(gen.generate([prompt], cfg, spec))
+            base = statistics.median(base_tps)
             out, st = runs[-1]
             tps = statistics.median(s.tokens_per_s for _, s in runs)
             got = out[0].tokens

@@ -50,6 +50,12 @@ class DecodeOptions:
     spec: str = "none"
     spec_k: int = 4
     spec_max_ngram: int = 3
+    spec_layers: int = 4
+    spec_layer_list: list[int] = dataclasses.field(default_factory=list)
+    spec_confidence: float = 0.0
+    draft_model: str | None = None
+    draft_vocab: int = 0
+    draft_vocab_corpus: str | None = None
     compare_plain: bool = True
     mesh_data: int = 1
     mesh_model: int = 1
@@ -96,8 +102,8 @@ def generate_config(opts: DecodeOptions) -> GenerateConfig:
                           batch_size=opts.batch_size, chat=opts.chat)
 
 
-SPEC_METHODS = ("none", "ngram")
-PLANNED_SPEC_METHODS = ("layerskip", "draft", "medusa", "eagle")
+SPEC_METHODS = ("none", "ngram", "layerskip", "draft")
+PLANNED_SPEC_METHODS = ("medusa", "eagle")
 
 
 def spec_config(opts: DecodeOptions):
@@ -110,7 +116,10 @@ def spec_config(opts: DecodeOptions):
         raise OptionError(f"spec={opts.spec!r} is unknown (available: {', '.join(SPEC_METHODS)})")
     from specjax.decode.speculative import SpecConfig
 
-    return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram)
+    return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram, method=opts.spec,
+                      layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
+                      draft_model=opts.draft_model, draft_vocab=opts.draft_vocab,
+                      draft_vocab_corpus=opts.draft_vocab_corpus)
 
 
 def device_mesh(opts: DecodeOptions):

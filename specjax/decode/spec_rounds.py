@@ -29,7 +29,7 @@ from specjax.decode import loop
 from specjax.decode import tree as tree_lib
 from specjax.decode.drafters import Observation
 from specjax.decode.generate import GenerationError
-from specjax.decode.sampling import sample
+from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
 from specjax.models.kv_cache import KVCache, move_slots
 
@@ -67,6 +67,8 @@ class SpecState:
     so far, down to node shadow_node_b (-1: none yet).
 
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
+    sampling (static), temperature and top_p are the loop's token selection, so that a sampling
+    drafter can filter its q exactly like the target's p (`draft_chain.DraftSampling`).
     """
 
     cache: KVCache
@@ -92,6 +94,9 @@ class SpecState:
     shadow_hit_b: jax.Array
     shadow_node_b: jax.Array
     draft_state: Any = ()
+    sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
+    temperature: jax.Array | float = 1.0
+    top_p: jax.Array | float = 1.0
 
     @property
     def hist_len_b(self) -> jax.Array:

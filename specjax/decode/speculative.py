@@ -33,7 +33,7 @@ from flax import nnx
 
 from specjax.decode import loop
 from specjax.decode import stops as stops_lib
-from specjax.decode.drafters import Drafter, NgramDrafter, Prefill
+from specjax.decode.drafters import Drafter, Prefill
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_body
@@ -116,6 +116,7 @@ def speculative_program(
         shadow_node_b=jnp.full((b,), -1, jnp.int32),
         draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
                                                               first_b=first_b, num_slots=cache.num_slots)),
+        sampling=sampling, temperature=temperature, top_p=top_p,
     )
     state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
@@ -139,6 +140,15 @@ class SpecConfig:
       adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
         (`spec_rounds.py`); False speculates every round.
       min_expected_accept, ema_weight: the adaptive policy (`spec_rounds.Adaptive`).
+      method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
+        or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
+        `spec_methods.build_drafter`.
+      layers: layer-skip's kept layers: N for early exit after the first N, or a tuple of indices.
+      draft_model: the draft model (a .gguf file, a Hugging Face directory or "gemma3-270m").
+      draft_vocab: draft over the N most frequent tokens of `draft_vocab_corpus` only (0 = full vocabulary).
+      draft_vocab_corpus: text or jsonl file whose token counts choose the reduced draft vocabulary.
+      confidence: a model draft stops at its first position whose top draft probability is below
+        this (0 = always k tokens).
     """
 
     k: int = 4
@@ -147,6 +157,12 @@ class SpecConfig:
     adaptive: bool = True
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
+    method: str = "ngram"
+    layers: int | tuple[int, ...] = 4
+    draft_model: str | None = None
+    draft_vocab: int = 0
+    draft_vocab_corpus: str | None = None
+    confidence: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -155,12 +171,13 @@ class SpecConfig:
             raise GenerationError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
         if not 0 < self.ema_weight <= 1:
             raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
+        from specjax.decode.spec_methods import check_spec
+
+        check_spec(self)  # the drafter options
 
     def policy(self) -> Adaptive | None:
         return Adaptive(float(self.min_expected_accept), float(self.ema_weight)) if self.adaptive else None
 
-    def drafter(self) -> Drafter:
-        return NgramDrafter(max_ngram=self.max_ngram, min_ngram=self.min_ngram)
 
 
 @dataclasses.dataclass
@@ -210,7 +227,7 @@ class SpeculativeGenerator(Generator):
 
     Args:
       model, tokenizer: the target, as for `Generator`.
-      drafter: a static `Drafter`; None drafts by n-gram lookup with the SpecConfig's settings.
+      drafter: a static `Drafter`; None builds the SpecConfig's method (`spec_methods.build_drafter`).
       draft_params: the drafter's weights (a pytree passed to the program as an argument).
 
     Example:
@@ -225,6 +242,7 @@ class SpeculativeGenerator(Generator):
         self.drafter = drafter
         # On a mesh (`Generator`), the drafter's weights are copied to every device.
         self.draft_params = draft_params if self.mesh_plan is None else self.mesh_plan.replicate(draft_params)
+        self._drafters = {}  # drafter options -> (drafter, draft_params) built for them (when drafter is None)
 
     def generate(
         self,
@@ -254,9 +272,20 @@ class SpeculativeGenerator(Generator):
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
         spec: SpecConfig = self._spec
-        drafter = self.drafter if self.drafter is not None else spec.drafter()
+        drafter, draft_params = self.drafter, self.draft_params
+        if drafter is None:
+            from specjax.decode.spec_methods import build_drafter
+
+            what = (spec.method, spec.max_ngram, spec.min_ngram, spec.layers, spec.draft_model, spec.draft_vocab,
+                    spec.draft_vocab_corpus, spec.confidence)  # not k: a new draft length reloads nothing
+            if what not in self._drafters:
+                drafter, draft_params = build_drafter(spec, self.model, self.tokenizer, progress)
+                if self.mesh_plan is not None:
+                    draft_params = self.mesh_plan.replicate(draft_params)
+                self._drafters[what] = drafter, draft_params
+            drafter, draft_params = self._drafters[what]
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
-        args = (*args, self.draft_params)
+        args = (*args, draft_params)
         b, t, _, n_out = key[:4]
         program = self._program(
             ("spec", spec.k, drafter, spec.policy(), *key),

@@ -35,12 +35,16 @@ def test_unknown_option_is_named():
     ({"prompts_file": "/nonexistent/p.jsonl"}, "no such file"),
     ({"model": "/nonexistent/model.gguf"}, "model file not found: /nonexistent/model.gguf"),
     ({"dtype": "float8"}, "dtype='float8' is not one of"),
-    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram)"),
+    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram, layerskip, draft)"),
     ({"spec": "bogus"}, "spec='bogus' is unknown"),
     ({"spec": "ngram", "spec_k": 0}, "k must be a positive integer"),
     ({"mesh_data": 2}, "mesh_data=2 mesh_model=1: mesh data=2 x model=1 needs 2 devices, which does not divide "
                        "the 1 available cpu device(s)"),
     ({"mesh_model": 0}, "mesh_data=1 mesh_model=0: mesh model size must be a positive integer, got 0"),
+    ({"spec": "draft"}, "the draft method needs a draft model: set draft_model="),
+    ({"spec": "draft", "draft_model": "/nonexistent/d.gguf"}, "draft_model='/nonexistent/d.gguf': no such file"),
+    ({"spec": "layerskip", "spec_confidence": 1.5}, "confidence must be in [0, 1)"),
+    ({"spec": "layerskip", "draft_vocab": 100}, "draft_vocab=100 needs draft_vocab_corpus="),
 ])
 def test_bad_options_give_one_clear_line(capsys, opts, message):
     assert run(DecodeOptions(quiet=True, **opts)) == 2
@@ -92,3 +96,35 @@ def test_speculative_run_reports_tau_and_speedup():
     assert r.returncode == 0, r.stderr
     assert "tau" in r.stderr and "acceptance by position" in r.stderr
     assert "speedup over plain decoding of the same prompts" in r.stderr
+
+
+@pytest.mark.parametrize(("opts", "message"), [
+    ({"spec": "layerskip", "spec_layers": 9}, "exceed the target's 3 layers (0 … 2)"),
+    ({"spec": "layerskip", "spec_layer_list": [2, 0]}, "strictly increasing"),
+    ({"spec": "layerskip", "draft_vocab": 8, "draft_vocab_corpus": "/nonexistent/c.txt"}, "no such file"),
+])
+def test_bad_drafter_options_on_a_loaded_model(capsys, monkeypatch, opts, message):
+    from conftest import ByteTokenizer, tiny_config
+    from flax import nnx
+
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
+    monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
+    assert run(DecodeOptions(quiet=True, prompt="abc", max_new_tokens=4, **opts)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_layerskip_run_on_a_tiny_model(capsys, monkeypatch):
+    from conftest import ByteTokenizer, tiny_config
+    from flax import nnx
+
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
+    monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
+    opts = DecodeOptions(quiet=True, prompt="abcabc", max_new_tokens=8, spec="layerskip", spec_layers=2,
+                         compare_plain=False)
+    assert run(opts) == 0
+    assert "speculative k=4: tau" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""A separate draft model sharing the target's tokenizer: any specjax `Transformer`, its own KV cache.
+
+The drafter is static (it holds the draft model's graphdef); the draft's weights travel as
+`DraftModelParams`, a jit argument, and its KV cache is the loop's `draft_state`:
+
+  * init: the draft model prefills the prompts into its own cache (slot s holds position s, as in
+    the target's cache; right-padding lands beyond each row's length and is overwritten later);
+  * propose: the draft re-feeds the row's last TWO committed tokens (positions pos_b - 1, pos_b),
+    then drafts k tokens with k - 1 one-token forwards.
+
+Why two tokens always suffice: a round that started at pos fed the draft [last, d_1 … d_{k-1}] at
+pos … pos + k - 1, so after a accepted drafts (and the target's correction or bonus token) the
+draft cache is right below pos + 1 + min(a, k - 1) while the next round starts at pos' = pos + a + 1:
+one unseen token when a < k, two when every draft was accepted (d_k was drafted, never fed, and the
+bonus token is new). After a plain round (adaptive drafting) one token is unseen. Re-feeding a
+token the draft already saw rewrites the same slot with the same position. Rejected drafts' slots
+are simply overwritten by later writes, by position — no rollback copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
+from specjax.decode.drafters import Draft, Prefill
+from specjax.decode.generate import GenerationError
+from specjax.models.draft_vocab import HeadTable
+from specjax.models.kv_cache import KVCache
+from specjax.models.params import build_model, model_weights
+from specjax.models.transformer import Transformer
+
+
+@struct.dataclass
+class DraftModelParams:
+    """draft_params of `DraftModelDrafter`: the draft model's nnx state and an optional reduced head."""
+
+    state: Any
+    head: HeadTable | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelDrafter:
+    """Drafts with a separate (smaller) `Transformer` over the target's vocabulary.
+
+    Build it with `DraftModelDrafter.create(draft_model, target_model, vocab_ids=None)`, which checks
+    the vocabularies and returns (drafter, draft_params).
+
+    Attributes:
+      graphdef: the draft model's nnx graphdef (static).
+      threshold: adaptive draft length (see `LayerSkipDrafter`); 0 = always k tokens.
+    """
+
+    graphdef: Any
+    threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold < 1.0:
+            raise GenerationError(f"draft confidence threshold must be in [0, 1), got {self.threshold!r}")
+
+    @classmethod
+    def create(cls, draft: Transformer, target: Transformer, vocab_ids=None,
+               threshold: float = 0.0) -> tuple[DraftModelDrafter, DraftModelParams]:
+        """(drafter, draft_params) for `draft` proposing to `target`.
+
+        Args:
+          draft, target: the two models; they must share the vocabulary (same tokenizer).
+          vocab_ids: optional reduced draft vocabulary (a `DraftVocab`, or sorted kept target ids).
+          threshold: draft confidence threshold (0 = off).
+
+        Raises:
+          GenerationError: the vocabularies differ, or bad ids.
+        """
+        dv, tv = draft.cfg.vocab_size, target.cfg.vocab_size
+        if dv != tv:
+            raise GenerationError(f"the draft model's vocabulary ({dv} tokens) differs from the target's ({tv}): "
+                                  "a draft model must share the target's tokenizer")
+        head = None if vocab_ids is None else reduced_head(draft, vocab_ids)
+        graphdef, state = nnx.split(draft)
+        return cls(graphdef, threshold), DraftModelParams(state=state, head=head)
+
+    def _model(self, draft_params: DraftModelParams) -> Transformer:
+        return nnx.merge(self.graphdef, draft_params.state)
+
+    def init(self, model, draft_params: DraftModelParams, prefill: Prefill) -> KVCache:
+        draft = self._model(draft_params)
+        b, t = prefill.tokens_bt.shape
+        positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        _, cache = draft(prefill.tokens_bt, positions_bt, draft.init_cache(b, prefill.num_slots),
+                         jnp.zeros((b,), jnp.int32))
+        return cache
+
+    def propose(self, model, draft_params: DraftModelParams, state, k: int) -> tuple[Draft, KVCache]:
+        draft = self._model(draft_params)
+        cache: KVCache = state.draft_state
+        layers = tuple(range(draft.cfg.n_layers))
+        # pos_b >= 1 always: the first round starts at the prompt's length (>= 1).
+        start_b = state.pos_b - 1
+        prev_b = jnp.take_along_axis(state.hist_bl, start_b[:, None], axis=1)[:, 0]
+        tokens_b2 = jnp.stack([prev_b, state.last_b], axis=1)
+        positions_b2 = start_b[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]
+        hidden_b2d, kv_k, kv_v = forward_layers(draft, layers, cache.k, cache.v, tokens_b2, positions_b2, start_b)
+
+        def step(tok_b, pos_b, kv):
+            hidden_b1d, k_new, v_new = forward_layers(draft, layers, *kv, tok_b[:, None], pos_b[:, None], pos_b)
+            return hidden_b1d[:, 0], (k_new, v_new)
+
+        drafted, (kv_k, kv_v) = draft_chain(draft, draft_params.head, hidden_b2d[:, 1], (kv_k, kv_v), step, state, k,
+                                            self.threshold)
+        return drafted, KVCache(k=kv_k, v=kv_v)
+
+    def observe(self, model, draft_params, draft_state, obs) -> KVCache:
+        return draft_state  # propose re-feeds what it has not seen from the loop's history
+
+
+def slice_model(model: Transformer, layers) -> Transformer:
+    """A new `Transformer` made of `model`'s blocks `layers` (+ its embedding, final norm and head).
+
+    A cheap stand-in for a trained draft model in tests and benchmarks (e.g. the first 2 of Gemma
+    3 270M's 18 layers). It shares the target's int8 head copy when there is one.
+    """
+    layers = tuple(int(i) for i in layers)
+    if not layers or min(layers) < 0 or max(layers) >= model.cfg.n_layers:
+        raise GenerationError(f"slice layers {layers} must lie in 0 … {model.cfg.n_layers - 1}")
+    cfg = model.cfg.replace(n_layers=len(layers), layer_kinds=tuple(model.cfg.layer_kinds[i] for i in layers))
+    weights = {}
+    for name, w in model_weights(model).items():
+        if name.startswith("blocks."):
+            _, idx, rest = name.split(".", 2)
+            if int(idx) in layers:
+                weights[f"blocks.{layers.index(int(idx))}.{rest}"] = w
+        else:
+            weights[name] = w
+    sliced = build_model(cfg, weights, model.dtype, source=f"slice {layers} of the model")
+    sliced.head_quant = model.head_quant
+    return sliced
+
+
+def load_draft_model(path: str, target: Transformer, dtype: str = "float32") -> Transformer:
+    """Loads a draft model (GGUF file, Hugging Face directory, or `gemma3-270m`) and checks its vocabulary."""
+    from specjax.models.loading import load_model
+
+    draft, _ = load_model(path, dtype)
+    if draft.cfg.vocab_size != target.cfg.vocab_size:
+        raise GenerationError(f"draft_model={path!r} has a {draft.cfg.vocab_size}-token vocabulary but the target has "
+                              f"{target.cfg.vocab_size}: a draft model must share the target's tokenizer")
+    jax.block_until_ready(nnx.state(draft))
+    return draft

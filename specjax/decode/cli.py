@@ -54,6 +54,9 @@ class DecodeOptions:
     spec_layer_list: list[int] = dataclasses.field(default_factory=list)
     spec_confidence: float = 0.0
     draft_model: str | None = None
+    draft_checkpoint: str | None = None
+    eagle_depth: int = 4
+    eagle_top_k: int = 4
     draft_vocab: int = 0
     draft_vocab_corpus: str | None = None
     compare_plain: bool = True
@@ -102,16 +105,13 @@ def generate_config(opts: DecodeOptions) -> GenerateConfig:
                           batch_size=opts.batch_size, chat=opts.chat)
 
 
-SPEC_METHODS = ("none", "ngram", "layerskip", "draft")
-PLANNED_SPEC_METHODS = ("medusa", "eagle")
+SPEC_METHODS = ("none", "ngram", "layerskip", "draft", "medusa", "eagle")
 
 
 def spec_config(opts: DecodeOptions):
     """The speculative-decoding config, or None for plain decoding."""
     if opts.spec == "none":
         return None
-    if opts.spec in PLANNED_SPEC_METHODS:
-        raise OptionError(f"spec={opts.spec!r} is not available yet (available: {', '.join(SPEC_METHODS)})")
     if opts.spec not in SPEC_METHODS:
         raise OptionError(f"spec={opts.spec!r} is unknown (available: {', '.join(SPEC_METHODS)})")
     from specjax.decode.speculative import SpecConfig
@@ -119,7 +119,8 @@ def spec_config(opts: DecodeOptions):
     return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram, method=opts.spec,
                       layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
                       draft_model=opts.draft_model, draft_vocab=opts.draft_vocab,
-                      draft_vocab_corpus=opts.draft_vocab_corpus)
+                      draft_vocab_corpus=opts.draft_vocab_corpus, draft_checkpoint=opts.draft_checkpoint,
+                      eagle_depth=opts.eagle_depth, eagle_top_k=opts.eagle_top_k)
 
 
 def device_mesh(opts: DecodeOptions):

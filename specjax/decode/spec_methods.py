@@ -1,8 +1,11 @@
 """From a `SpecConfig` to (drafter, draft_params): option checks and the drafter factory.
 
-Methods: "ngram" (prompt lookup, `drafters.NgramDrafter`), "layerskip" (`layer_skip.LayerSkipDrafter`)
-and "draft" (`draft_model.DraftModelDrafter`). The two model drafters can draft over a reduced
-vocabulary: the `draft_vocab` most frequent target ids of a corpus file (EOS ids always kept).
+Methods: "ngram" (prompt lookup, `drafters.NgramDrafter`), "layerskip" (`layer_skip.LayerSkipDrafter`),
+"draft" (`draft_model.DraftModelDrafter`; a GGUF, an HF directory or a specjax training run), "medusa"
+(`medusa_drafter.MedusaDrafter`, static tree) and "eagle" (`eagle_drafter.EagleDrafter`, EAGLE-2 dynamic
+tree); the last two load heads trained by `python -m specjax.train` (`draft_checkpoint=`). The two model
+drafters can draft over a reduced vocabulary: the `draft_vocab` most frequent target ids of a corpus file
+(EOS ids always kept); an EAGLE checkpoint brings the reduced vocabulary it was trained with.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from specjax.decode.generate import GenerationError
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError
 from specjax.models.loading import DEFAULT_MODEL
 
-METHODS = ("ngram", "layerskip", "draft")
+METHODS = ("ngram", "layerskip", "draft", "medusa", "eagle")
 
 
 def check_spec(spec) -> None:
@@ -29,6 +32,12 @@ def check_spec(spec) -> None:
     if spec.method == "draft" and not spec.draft_model:
         raise GenerationError("the draft method needs a draft model: set draft_model= (a .gguf file or a "
                               "Hugging Face directory)")
+    if spec.method in ("medusa", "eagle") and not spec.draft_checkpoint:
+        raise GenerationError(f"the {spec.method} method needs trained heads: set draft_checkpoint= (the out_dir of "
+                              f"`python -m specjax.train +experiment={spec.method}_gemma3_270m`)")
+    if spec.draft_checkpoint and not Path(spec.draft_checkpoint).expanduser().is_dir():
+        raise GenerationError(f"draft_checkpoint={spec.draft_checkpoint!r}: no such directory (expected a training "
+                              "run's out_dir)")
     if spec.draft_model and spec.draft_model != DEFAULT_MODEL and not Path(spec.draft_model).expanduser().exists():
         raise GenerationError(f"draft_model={spec.draft_model!r}: no such file or directory (expected a .gguf file "
                               "or a Hugging Face directory)")
@@ -96,9 +105,61 @@ def build_drafter(spec, model, tokenizer, progress: Callable[[str], None] = lamb
                    else LayerSkipDrafter(tuple(layers), spec.confidence))
         drafter.check(model)
         return drafter, (() if ids is None else reduced_head(model, ids))
+    if spec.method in ("medusa", "eagle"):
+        return _head_drafter(spec, model, progress)
     from specjax.decode.draft_model import DraftModelDrafter, load_draft_model
 
+    if _is_run_dir(spec.draft_model):
+        ckpt = _checkpoint(spec.draft_model, "draft", model, progress)
+        return DraftModelDrafter.create(ckpt.module, model, ids, spec.confidence)
     progress(f"loading draft model {spec.draft_model}")
     dtype = "float32" if jnp.dtype(model.dtype) == jnp.float32 else "bfloat16"
     draft = load_draft_model(spec.draft_model, model, dtype)
     return DraftModelDrafter.create(draft, model, ids, spec.confidence)
+
+
+def _is_run_dir(path: str | None) -> bool:
+    """Whether `path` is a specjax training run (or one of its best/<step> directories)."""
+    if not path:
+        return False
+    p = Path(path).expanduser()
+    return p.is_dir() and ((p / "best").is_dir() or (p / "meta").is_dir())
+
+
+def _checkpoint(path: str, kind: str, model, progress):
+    """Loads a trained draft of `kind` from a run directory, refusing other kinds and vocabularies."""
+    from specjax.train.loader import DraftCheckpointError, load_draft_checkpoint
+
+    progress(f"loading {kind} checkpoint {path}")
+    try:
+        ckpt = load_draft_checkpoint(path, dtype=model.dtype)
+    except DraftCheckpointError as e:
+        raise GenerationError(f"draft checkpoint {path!r}: {e}") from None
+    if ckpt.kind != kind:
+        raise GenerationError(f"draft checkpoint {path!r} holds a {ckpt.kind} draft, not {kind}")
+    if kind == "draft" and ckpt.config.vocab_size != model.cfg.vocab_size:
+        raise GenerationError(f"draft checkpoint {path!r} has a {ckpt.config.vocab_size}-token vocabulary but the "
+                              f"target has {model.cfg.vocab_size}")
+    if kind != "draft" and ckpt.config.d_model != model.cfg.d_model:
+        raise GenerationError(f"{kind} checkpoint {path!r} was trained on features of width {ckpt.config.d_model}, "
+                              f"but the target's are {model.cfg.d_model} wide (trained for target {ckpt.target})")
+    return ckpt
+
+
+def _head_drafter(spec, model, progress):
+    """(drafter, draft_params) for trained Medusa heads (static tree) or an EAGLE head (dynamic tree)."""
+    from specjax.decode.eagle_drafter import EagleDrafter, EagleDrafterError
+    from specjax.decode.medusa_drafter import MedusaDrafter, MedusaDrafterError
+    from specjax.decode.tree import MEDUSA_63, StaticTree
+
+    ckpt = _checkpoint(spec.draft_checkpoint, spec.method, model, progress)
+    vocab = None if ckpt.vocab_ids is None else DraftVocab(np.asarray(ckpt.vocab_ids), model.cfg.vocab_size)
+    try:
+        if spec.method == "medusa":
+            # The paper's tree, its first k nodes (prefix-closed: they are listed best-first).
+            if spec.k > len(MEDUSA_63):
+                raise GenerationError(f"medusa drafts at most {len(MEDUSA_63)} tree nodes, got k={spec.k}")
+            return MedusaDrafter.build(ckpt.module, model, StaticTree.from_paths(MEDUSA_63[:spec.k]), vocab)
+        return EagleDrafter.build(ckpt.module, model, vocab, spec.eagle_depth, spec.eagle_top_k, spec.confidence)
+    except (MedusaDrafterError, EagleDrafterError) as e:
+        raise GenerationError(f"{spec.method}: {e}") from None

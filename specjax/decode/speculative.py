@@ -148,7 +148,9 @@ class SpecConfig:
       draft_vocab: draft over the N most frequent tokens of `draft_vocab_corpus` only (0 = full vocabulary).
       draft_vocab_corpus: text or jsonl file whose token counts choose the reduced draft vocabulary.
       confidence: a model draft stops at its first position whose top draft probability is below
-        this (0 = always k tokens).
+        this (0 = always k tokens); for EAGLE, the least path probability a tree node needs.
+      draft_checkpoint: a `python -m specjax.train` run directory holding Medusa or EAGLE heads.
+      eagle_depth, eagle_top_k: EAGLE-2 tree depth and children per expanded node (tree budget: k).
     """
 
     k: int = 4
@@ -163,6 +165,9 @@ class SpecConfig:
     draft_vocab: int = 0
     draft_vocab_corpus: str | None = None
     confidence: float = 0.0
+    draft_checkpoint: str | None = None
+    eagle_depth: int = 4
+    eagle_top_k: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -276,8 +281,10 @@ class SpeculativeGenerator(Generator):
         if drafter is None:
             from specjax.decode.spec_methods import build_drafter
 
+            # Not k, so a new draft length reloads nothing — except Medusa's static tree, which has k nodes.
             what = (spec.method, spec.max_ngram, spec.min_ngram, spec.layers, spec.draft_model, spec.draft_vocab,
-                    spec.draft_vocab_corpus, spec.confidence)  # not k: a new draft length reloads nothing
+                    spec.draft_vocab_corpus, spec.confidence, spec.draft_checkpoint, spec.eagle_depth, spec.eagle_top_k,
+                    spec.k if spec.method == "medusa" else 0)
             if what not in self._drafters:
                 drafter, draft_params = build_drafter(spec, self.model, self.tokenizer, progress)
                 if self.mesh_plan is not None:

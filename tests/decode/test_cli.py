@@ -35,7 +35,8 @@ def test_unknown_option_is_named():
     ({"prompts_file": "/nonexistent/p.jsonl"}, "no such file"),
     ({"model": "/nonexistent/model.gguf"}, "model file not found: /nonexistent/model.gguf"),
     ({"dtype": "float8"}, "dtype='float8' is not one of"),
-    ({"spec": "medusa"}, "spec='medusa' is not available yet (available: none, ngram, layerskip, draft)"),
+    ({"spec": "medusa"}, "the medusa method needs trained heads: set draft_checkpoint="),
+    ({"spec": "eagle", "draft_checkpoint": "/nonexistent/run"}, "draft_checkpoint='/nonexistent/run': no such"),
     ({"spec": "bogus"}, "spec='bogus' is unknown"),
     ({"spec": "ngram", "spec_k": 0}, "k must be a positive integer"),
     ({"mesh_data": 2}, "mesh_data=2 mesh_model=1: mesh data=2 x model=1 needs 2 devices, which does not divide "

@@ -40,11 +40,15 @@ class Draft:
       len_b: number of real proposals per row, 0..k.
       q_probs_bkv: draft distribution [B, k, V] the tokens were sampled from, or None for a
         deterministic draft (a point mass on each token).
+      parent_bk: None for a chain; for a token tree (`tree.py`), node j's parent [B, k]: a node
+        index < j, or -1 for the row's last committed token. Nodes j >= len_b are invalid. Siblings
+        with sampled q must be independent draws (each from its own q row).
     """
 
     tokens_bk: jax.Array
     len_b: jax.Array
     q_probs_bkv: jax.Array | None = None
+    parent_bk: jax.Array | None = None
 
 
 @struct.dataclass

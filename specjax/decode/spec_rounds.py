@@ -26,10 +26,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.decode import loop
+from specjax.decode import tree as tree_lib
 from specjax.decode.drafters import Observation
 from specjax.decode.sampling import sample
-from specjax.decode.verify import greedy_verify, sampling_verify
-from specjax.models.kv_cache import KVCache
+from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
+from specjax.models.kv_cache import KVCache, move_slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +56,14 @@ class SpecState:
     with it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
 
     Statistics: rounds_b counts target forwards in which the row was live, plain_rounds_b those
-    that were plain one-token rounds; drafted_bk / accepted_bk count, per draft position, the
-    speculative rounds that proposed / accepted a token there.
+    that were plain one-token rounds; drafted_bk / accepted_bk count, per draft position (per
+    depth for token trees), the speculative rounds that proposed / accepted a token there;
+    draft_tokens_b sums the real draft tokens (tree nodes) verified.
 
     Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round) and the
-    shadow draft shadow_bk, of which shadow_len_b tokens are real (0: no shadow) and shadow_hit_b
-    have matched the committed text so far.
+    shadow draft shadow_bk with parents shadow_parent_bk (a chain's are -1, 0, 1, …), of which
+    shadow_len_b tokens are real (0: no shadow); shadow_hit_b of them matched the committed text
+    so far, down to node shadow_node_b (-1: none yet).
 
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
     """
@@ -81,9 +84,12 @@ class SpecState:
     drafted_bk: jax.Array
     accepted_bk: jax.Array
     accept_ema_b: jax.Array
+    draft_tokens_b: jax.Array
     shadow_bk: jax.Array
+    shadow_parent_bk: jax.Array
     shadow_len_b: jax.Array
     shadow_hit_b: jax.Array
+    shadow_node_b: jax.Array
     draft_state: Any = ()
 
     @property
@@ -118,6 +124,40 @@ def observe(drafter, model, draft_params, s_old: SpecState, s: SpecState, tokens
     return s.replace(draft_state=drafter.observe(model, draft_params, s.draft_state, obs))
 
 
+def advance_shadow(s: SpecState, draft, tok_b: jax.Array, live_b: jax.Array) -> tuple[SpecState, jax.Array]:
+    """Follows a plain round's token tok_b down each row's shadow draft.
+
+    A row without a shadow adopts this round's draft (chain or tree; a chain is the tree with
+    parents -1, 0, 1, …). The shadow's current node moves to its first real child carrying
+    tok_b; the shadow ends (returned end_b: its hit count is final) at a mismatch or a leaf.
+    For greedy decoding the hit count is what tree verification would have accepted; for
+    sampling with point-mass candidates it has the same law (both take child x with
+    probability p(x)).
+    """
+    k = draft.tokens_bk.shape[1]
+    parent_bk = draft.parent_bk
+    if parent_bk is None:
+        parent_bk = jnp.broadcast_to(jnp.arange(-1, k - 1, dtype=jnp.int32), draft.tokens_bk.shape)
+    fresh_b = s.shadow_len_b == 0
+    shadow_bk = jnp.where(fresh_b[:, None], draft.tokens_bk, s.shadow_bk)
+    parent_bk = jnp.where(fresh_b[:, None], tree_lib.sanitize_parents(parent_bk), s.shadow_parent_bk)
+    len_b = jnp.where(fresh_b, draft.len_b, s.shadow_len_b)
+    hit_b = jnp.where(fresh_b, 0, s.shadow_hit_b)
+    node_b = jnp.where(fresh_b, -1, s.shadow_node_b)
+    real_bk = jnp.arange(k)[None, :] < len_b[:, None]
+    child_bk = real_bk & (parent_bk == node_b[:, None])
+    match_bk = child_bk & (shadow_bk == tok_b[:, None])
+    open_b = live_b & (len_b > 0)
+    match_b = open_b & jnp.any(match_bk, axis=1)
+    node_b = jnp.where(match_b, jnp.argmax(match_bk, axis=1), node_b).astype(jnp.int32)
+    hit_b = hit_b + match_b.astype(jnp.int32)
+    leaf_b = ~jnp.any(real_bk & (parent_bk == node_b[:, None]), axis=1)
+    end_b = open_b & (~match_b | leaf_b)
+    s = s.replace(shadow_bk=shadow_bk, shadow_parent_bk=parent_bk, shadow_len_b=jnp.where(end_b | ~live_b, 0, len_b),
+                  shadow_hit_b=hit_b, shadow_node_b=node_b)
+    return s, end_b
+
+
 def make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
               stop_tables, adapt: Adaptive | None):
     """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain)."""
@@ -126,27 +166,59 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         w = adapt.ema_weight if adapt is not None else 0.3
         return jnp.where(where_b, (1 - w) * old_b + w * new_b.astype(jnp.float32), old_b)
 
-    def spec_round(s: SpecState, draft) -> SpecState:
-        live_b = ~s.done_b
+    def verify_chain(s: SpecState, draft, key):
+        """Chain round: causal block at consecutive positions; nothing to compact."""
         block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
         positions_bt = s.pos_b[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
         # Finished rows still ride along (static shapes); their writes land on slots they
         # will never read, within the cache because their pos_b stopped advancing.
         hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
         logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
-        key, sub = jax.random.split(s.key)
         if sampling.greedy:
             accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
         else:
-            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, sub, temperature,
+            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, key, temperature,
                                                     sampling.top_k, static_top_p, draft.q_probs_bkv)
+        return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b
+
+    def verify_tree(s: SpecState, draft, key):
+        """Tree round: ancestor mask, positions by depth, then the accepted path compacted into place."""
+        anc_bkk = tree_lib.ancestor_mask(draft.parent_bk)
+        depth_bk = tree_lib.depths(anc_bkk)
+        block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
+        positions_bt = tree_lib.block_positions(s.pos_b, depth_bk)
+        hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b, tree_lib.block_mask(anc_bkk))
+        logits_btv = model.logits(hidden_btd)
+        if sampling.greedy:
+            accepted_b, tokens_bt, path_bk = tree_greedy_verify(logits_btv, draft.tokens_bk, draft.parent_bk,
+                                                                draft.len_b)
+        else:
+            accepted_b, tokens_bt, path_bk = tree_sampling_verify(
+                logits_btv, draft.tokens_bk, draft.parent_bk, draft.len_b, key, temperature, sampling.top_k,
+                static_top_p, draft.q_probs_bkv)
+        # The path's keys/values sit at slots pos + 1 + node; committed slot s must hold position s.
+        i_bk = jnp.arange(k)[None, :]
+        move_bk = ~s.done_b[:, None] & (i_bk < accepted_b[:, None])
+        dst_bk = jnp.where(move_bk, s.pos_b[:, None] + 1 + i_bk, cache.num_slots)
+        cache = move_slots(cache, s.pos_b[:, None] + 1 + path_bk, dst_bk)
+        # Observation row i must be the state that predicted the path's i-th emitted token.
+        hidden_btd = jnp.take_along_axis(hidden_btd, tree_lib.path_rows(path_bk, accepted_b)[..., None], axis=1)
+        return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b)
+
+    def spec_round(s: SpecState, draft) -> SpecState:
+        live_b = ~s.done_b
+        key, sub = jax.random.split(s.key)
+        verify = verify_chain if draft.parent_bk is None else verify_tree
+        cache, accepted_b, tokens_bt, hidden_btd, reach_b = verify(s, draft, sub)
         i_k = jnp.arange(k)[None, :]
         live_b1 = live_b[:, None]
         s = s.replace(
             cache=cache, key=key, steps=s.steps + 1,
             rounds_b=s.rounds_b + live_b.astype(jnp.int32),
-            drafted_bk=s.drafted_bk + (live_b1 & (i_k < draft.len_b[:, None])).astype(jnp.int32),
+            # By position along the chain, by depth in a tree (`reach_b`: deepest real node).
+            drafted_bk=s.drafted_bk + (live_b1 & (i_k < reach_b[:, None])).astype(jnp.int32),
             accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
+            draft_tokens_b=s.draft_tokens_b + jnp.where(live_b, draft.len_b, 0),
             accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
             shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
         )
@@ -162,22 +234,12 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         hidden_b1d = jax.lax.optimization_barrier(hidden_b1d)
         key, sub = jax.random.split(s.key)
         tok_b = sample(model.logits(hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
-        # Shadow draft: a row without one adopts this round's draft, which predicts tok_b.
-        fresh_b = s.shadow_len_b == 0
-        shadow_bk = jnp.where(fresh_b[:, None], draft.tokens_bk, s.shadow_bk)
-        shadow_len_b = jnp.where(fresh_b, draft.len_b, s.shadow_len_b)
-        hit_b = jnp.where(fresh_b, 0, s.shadow_hit_b)
-        expect_b = jnp.take_along_axis(shadow_bk, jnp.clip(hit_b, 0, k - 1)[:, None], axis=1)[:, 0]
-        open_b = live_b & (shadow_len_b > 0)
-        match_b = open_b & (tok_b == expect_b)
-        hit_b = hit_b + match_b.astype(jnp.int32)
-        end_b = open_b & (~match_b | (hit_b >= shadow_len_b))
+        s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
         s = s.replace(
             cache=cache, key=key, steps=s.steps + 1,
             rounds_b=s.rounds_b + live_b.astype(jnp.int32),
             plain_rounds_b=s.plain_rounds_b + live_b.astype(jnp.int32),
-            accept_ema_b=ema(s.accept_ema_b, hit_b, end_b),
-            shadow_bk=shadow_bk, shadow_len_b=jnp.where(end_b | ~live_b, 0, shadow_len_b), shadow_hit_b=hit_b,
+            accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b),
         )
         s_new = commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables)
         return observe(drafter, model, draft_params, s, s_new, tok_b[:, None], hidden_b1d)

@@ -3,10 +3,13 @@
 The program mirrors `loop.generate_program`: prefill the prompts and sample the first
 token, then a `lax.while_loop` whose every iteration (a "round") is, for all rows at once:
 
-  1. the drafter proposes k tokens from the row's token history (`drafters.py`);
-  2. ONE target forward over the block [last, d_1 … d_k] at positions pos … pos+k,
-     writing its keys/values at cache slots pos … pos+k;
-  3. chain verification (`verify.py`) → accepted_b in 0..k and accepted_b + 1 tokens;
+  1. the drafter proposes k tokens from the row's token history (`drafters.py`): a chain,
+     or a token tree of k nodes (`Draft.parent_bk`, `tree.py`);
+  2. ONE target forward over the block [last, d_1 … d_k] at positions pos … pos+k (a tree:
+     pos + node depth, under its ancestor mask), writing its keys/values at cache slots
+     pos … pos+k;
+  3. chain or tree verification (`verify.py`) → accepted_b in 0..k and accepted_b + 1 tokens
+     (a tree then moves its accepted path's keys/values to slots pos+1 … pos+accepted);
   4. the tokens are emitted one by one through `loop._emit` (EOS, stop strings and the
      length limit end a row mid-block; the rest of the block is discarded) and the row's
      position advances by the number emitted.
@@ -104,9 +107,12 @@ def speculative_program(
         accepted_bk=jnp.zeros((b, k), jnp.int32),
         # At the threshold: a row's first draft is tried once, then the evidence decides.
         accept_ema_b=jnp.full((b,), 0.0 if adapt is None else min(adapt.min_expected_accept, k), jnp.float32),
+        draft_tokens_b=jnp.zeros((b,), jnp.int32),
         shadow_bk=jnp.zeros((b, k), jnp.int32),
+        shadow_parent_bk=jnp.zeros((b, k), jnp.int32),
         shadow_len_b=jnp.zeros((b,), jnp.int32),
         shadow_hit_b=jnp.zeros((b,), jnp.int32),
+        shadow_node_b=jnp.full((b,), -1, jnp.int32),
         draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
                                                               first_b=first_b, num_slots=cache.num_slots)),
     )
@@ -166,10 +172,13 @@ class SpecStats(Stats):
     rounds: target forwards of the decode rounds, summed over rows (a row's count stops
       when it finishes, even though finished rows ride along in a batch).
     acceptance_by_position: for draft position i, the fraction of rounds that proposed a
-      token there in which it was accepted (a chain: position i needs all before it).
+      token there in which it was accepted (a chain: position i needs all before it). For
+      token trees, position i is depth i + 1: rounds whose tree reached that depth, and those
+      that accepted a node there.
     draft_rate: fraction of rounds that verified a draft.
     plain_rate: fraction of rounds that were plain one-token rounds (adaptive drafting backed off).
-    mean_draft_len: draft tokens verified per round (plain rounds count 0): the chosen lengths.
+    mean_draft_len: draft tokens (tree nodes) verified per round (plain rounds count 0): the
+      chosen lengths, e.g. after `tree.confident_length` cut drafts short.
     ms_per_round: mean time of one loop iteration (one target forward for the batch), last batch.
     The inherited ms_per_token is decode time per generated token of a row (decode time ×
     rows / decode tokens), comparable with the plain loop's ms per step.
@@ -225,6 +234,7 @@ class SpeculativeGenerator(Generator):
         self._spec = spec
         self._tally = np.zeros((3, spec.k), np.int64)  # rounds (col 0) / drafted / accepted by position
         self._plain_rounds = 0
+        self._draft_tokens = 0
         self._decode_tokens = 0
         self._round_time = [0.0, 0]  # seconds after the first token, loop rounds
         completions, base = super().generate(prompts, cfg, progress)
@@ -235,7 +245,7 @@ class SpeculativeGenerator(Generator):
             acceptance_by_position=tuple(float(a / max(d, 1)) for a, d in zip(accepted_k, drafted_k, strict=True)),
             draft_rate=float(drafted_k[0] / max(rounds, 1)),
             plain_rate=self._plain_rounds / max(rounds, 1),
-            mean_draft_len=float(drafted_k.sum() / max(rounds, 1)),
+            mean_draft_len=self._draft_tokens / max(rounds, 1),
             ms_per_round=self._round_time[0] * 1e3 / max(self._round_time[1], 1),
         )
 
@@ -255,15 +265,16 @@ class SpeculativeGenerator(Generator):
         t_call = time.perf_counter()
         state = program(*args)
         out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
-                              state.plain_rounds_b, state.drafted_bk, state.accepted_bk))
+                              state.plain_rounds_b, state.drafted_bk, state.accepted_bk, state.draft_tokens_b))
         t_end = time.perf_counter()
         self._cache = state.cache
         first_t = loop.CLOCK.t or t_end
-        out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk = out
+        out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk, draft_tokens_b = out
         decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())
         self._decode_tokens += decode_tokens
         self._tally[0] += int(rounds_b.sum())
         self._plain_rounds += int(plain_rounds_b.sum())
+        self._draft_tokens += int(draft_tokens_b.sum())
         self._tally[1] += drafted_bk.sum(axis=0)
         self._tally[2] += accepted_bk.sum(axis=0)
         self._round_time[0] += t_end - first_t  # over all batches, like the decode stats

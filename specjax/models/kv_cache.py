@@ -83,3 +83,25 @@ def attention_masks(
     kpos_bs = jnp.where(in_block_bs, jnp.take_along_axis(positions_bt, j_clip_bs, axis=1), s_s[None, :])
     near_bts = (positions_bt[:, :, None] - kpos_bs[:, None, :]) < window
     return global_bts, global_bts & near_bts
+
+
+def move_slots(cache: KVCache, src_bt: jax.Array, dst_bt: jax.Array) -> KVCache:
+    """Copies each row's entries at slots src_bt[b, t] to slots dst_bt[b, t], in every layer.
+
+    All sources are read before any destination is written, so overlapping moves are safe.
+    A destination >= num_slots is dropped (how a caller masks out unused entries). Costs a
+    gather and a scatter of T entries per layer: after a token-tree round this compacts the
+    accepted path into consecutive slots without copying the cache.
+
+    Args:
+      cache: the cache to update.
+      src_bt, dst_bt: int slot indices [B, T] (sources are clipped into range).
+    """
+    b = src_bt.shape[0]
+    src_bt = jnp.clip(src_bt, 0, cache.num_slots - 1)
+    rows_b1 = jnp.arange(b)[:, None]
+
+    def move(c_bskh):
+        return c_bskh.at[rows_b1, dst_bt].set(c_bskh[rows_b1, src_bt], mode="drop")
+
+    return KVCache(k=tuple(move(c) for c in cache.k), v=tuple(move(c) for c in cache.v))

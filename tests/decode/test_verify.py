@@ -10,6 +10,13 @@ against the 0.999 quantile of the chi-square law with (cells - 1) degrees of fre
 (values from scipy.stats.chi2.ppf, hard-coded so the test needs no scipy). Keys are fixed,
 so the outcome is deterministic; a correct rule passes with margin and a wrong one fails by
 orders of magnitude.
+
+Token trees use the same two-round scheme, with a 6-node tree (three candidates under the root)
+whose rows sit at positions 0, 1, 2 by depth. Note that the point-mass rule is lossless for ANY
+candidate choice independent of the target's coins (it only wastes acceptance when candidates
+were sampled), so "ignoring q" is not a detectable bug; an unnormalised residual is (stat ~311
+against the 51.2 bound, checked by hand when this test was written), as is the missing
+renormalisation after a rejected sibling (`wrong_tree_verify`, tested below).
 """
 
 import functools
@@ -18,7 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decode.verify import greedy_verify, sampling_verify, target_probs
+from specjax.decode.verify import (
+    greedy_verify,
+    sampling_verify,
+    target_probs,
+    tree_greedy_verify,
+    tree_sampling_verify,
+)
 
 CHI2_999 = {8: 26.124, 15: 37.697, 24: 51.179}  # scipy.stats.chi2.ppf(0.999, dof)
 N = 20_000
@@ -161,3 +174,101 @@ def test_the_test_catches_a_wrong_rule():
                            np.outer(P[0], P[1]))
     # The wrong rule emits token 0 first with probability 0.35 + 0.65 * 0.35 = 0.58, not 0.35.
     assert stat > 20 * CHI2_999[dof], stat
+
+
+# ------------------------------------------------------------------------------------ token trees
+# Three candidates under the root (tokens 0, 1, 3), two under the first (1, 2), one under the
+# second (1). Block row 0 is position 0 (law P[0]); node j's row is position depth_j (P[depth_j]).
+TREE_PARENTS = np.array([-1, -1, -1, 0, 0, 1], np.int32)
+TREE_ROWS = np.array([0, 1, 1, 1, 2, 2, 2])  # position of each block row
+Q_BY_DEPTH = np.array([[0.05, 0.3, 0.05, 0.3, 0.3], [0.6, 0.1, 0.1, 0.1, 0.1]], np.float32)
+
+
+def point_tree(tokens):
+    """Deterministic tree: the same tokens every round (q = None), all nodes real."""
+    return lambda key: (jnp.asarray(tokens, jnp.int32), None, jnp.array([len(TREE_PARENTS)]))
+
+
+def sampled_tree(key):
+    """Each node's token drawn independently from its depth's q (siblings i.i.d.), ragged lengths."""
+    kt, kl = jax.random.split(key)
+    q_kv = jnp.asarray(Q_BY_DEPTH)[TREE_ROWS[1:] - 1]
+    tokens_k = jax.random.categorical(kt, jnp.log(q_kv), axis=-1).astype(jnp.int32)
+    return tokens_k, q_kv[None], jax.random.randint(kl, (1,), 0, len(TREE_PARENTS) + 1)
+
+
+@functools.partial(jax.jit, static_argnames=("drafter", "rule", "top_k"))
+def tree_first_two_tokens(keys, temperature, *, drafter, rule, top_k):
+    parents = jnp.asarray(TREE_PARENTS)[None]
+
+    def one(key):
+        k1, k2, kd1, kd2 = jax.random.split(key, 4)
+        tok_k, q, n = drafter(kd1)
+        acc1, tok1, _ = rule(LOGITS[None, TREE_ROWS], tok_k[None], parents, n, k1, temperature, top_k, 1.0, q)
+        tok_k, q, n = drafter(kd2)  # round 2 starts at position 1 when round 1 emitted one token
+        _, tok2, _ = rule(LOGITS[None, TREE_ROWS + 1], tok_k[None], parents, n, k2, temperature, top_k, 1.0, q)
+        return tok1[0, 0], jnp.where(acc1[0] >= 1, tok1[0, 1], tok2[0, 0])
+
+    return jax.vmap(one)(keys)
+
+
+def wrong_tree_verify(logits_btv, draft_bk, parent_bk, len_b, key, temperature, top_k, top_p, q_probs_bkv=None):
+    """A plausible bug: after a rejected sibling, the next one is accepted with p(x), not with the
+    renormalised p'(x) = p(x) / (1 - rejected mass). Batch of one, point-mass candidates."""
+    p_tv = target_probs(logits_btv, temperature, top_k, top_p)[0]
+    k, v = draft_bk.shape[1], p_tv.shape[-1]
+    key_u, key_c = jax.random.split(key)
+    u_k = jax.random.uniform(key_u, (k,))
+    cur, acc, keep_v, out_t = jnp.int32(-1), jnp.int32(0), jnp.ones(v), jnp.zeros(k + 1, jnp.int32)
+    for j in range(k):
+        tok, par = draft_bk[0, j], parent_bk[0, j]
+        test = (par == cur) & (j < len_b[0])
+        accept = test & (u_k[j] < p_tv[par + 1, tok] * keep_v[tok])
+        out_t = out_t.at[acc].set(jnp.where(accept, tok, out_t[acc]))
+        keep_v = jnp.where(accept, jnp.ones(v), jnp.where(test, keep_v.at[tok].set(0.0), keep_v))
+        cur, acc = jnp.where(accept, j, cur), acc + accept.astype(jnp.int32)
+    last = jax.random.categorical(key_c, jnp.log(p_tv[cur + 1] * keep_v))
+    return acc[None], out_t.at[acc].set(last)[None], None
+
+
+def test_tree_point_mass_candidates_preserve_the_target_distribution():
+    first, second = tree_first_two_tokens(KEYS, 1.0, drafter=point_tree([0, 1, 3, 1, 2, 1]), rule=tree_sampling_verify,
+                                          top_k=0)
+    stat, dof = chi_square(first, second, np.outer(P[0], P[1]))
+    assert dof == 24 and stat < CHI2_999[dof], stat
+
+
+def test_tree_point_mass_candidates_with_duplicates_temperature_and_top_k():
+    # Token 4 is outside the top 3 (never accepted); token 0 is proposed twice under the root.
+    drafter = point_tree([4, 0, 0, 1, 0, 3])
+    first, second = tree_first_two_tokens(KEYS, 0.7, drafter=drafter, rule=tree_sampling_verify, top_k=3)
+    stat, dof = chi_square(first, second, np.outer(filtered(P[0], 0.7, 3), filtered(P[1], 0.7, 3)))
+    assert dof == 8 and stat < CHI2_999[dof], stat
+
+
+def test_tree_sampled_candidates_with_ragged_sizes_preserve_the_target_distribution():
+    first, second = tree_first_two_tokens(KEYS, 1.0, drafter=sampled_tree, rule=tree_sampling_verify, top_k=0)
+    stat, dof = chi_square(first, second, np.outer(P[0], P[1]))
+    assert dof == 24 and stat < CHI2_999[dof], stat
+
+
+def test_the_tree_test_catches_a_rule_that_does_not_renormalise():
+    first, second = tree_first_two_tokens(KEYS, 1.0, drafter=point_tree([0, 1, 3, 1, 2, 1]), rule=wrong_tree_verify,
+                                          top_k=0)
+    stat, dof = chi_square(first, second, np.outer(P[0], P[1]))
+    # Token 1 comes first with probability 0.65 * 0.25 = 0.1625 instead of 0.25, token 2 with 0.31, not 0.2.
+    assert stat > 20 * CHI2_999[dof], stat
+    assert abs(np.mean(np.asarray(first) == 1) - 0.1625) < 0.01
+
+
+def test_tree_sampling_on_a_chain_with_top_k_1_is_greedy():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(32, 5, 6)), jnp.float32)
+    draft = jnp.where(jnp.asarray(rng.random((32, 4)) < 0.7), jnp.argmax(logits[:, :4], -1), 0).astype(jnp.int32)
+    parents = jnp.broadcast_to(jnp.arange(-1, 3), (32, 4))
+    g_acc, g_tok, g_path = tree_greedy_verify(logits, draft, parents, jnp.full((32,), 4))
+    acc, tok, path = tree_sampling_verify(logits, draft, parents, jnp.full((32,), 4), jax.random.key(3), 1.0, 1, 1.0)
+    np.testing.assert_array_equal(acc, g_acc)
+    np.testing.assert_array_equal(path, g_path)
+    for i, a in enumerate(np.asarray(acc)):
+        assert tok[i, :a + 1].tolist() == g_tok[i, :a + 1].tolist()

@@ -1,0 +1,126 @@
+"""Public entry point: Lark grammar text + tokenizer → :class:`GrammarTables` (device arrays), cached on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.grammar.automaton import INITIAL, build_automaton
+from specjax.grammar.errors import GrammarError
+from specjax.grammar.frontend import load_lark
+from specjax.grammar.runtime import GrammarTables
+from specjax.grammar.tables import Vocabulary, mask_rows
+
+__all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
+
+_CACHE_VERSION = "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class GrammarOptions:
+    """How a grammar is compiled.
+
+    Attributes:
+      start: the start rule.
+      max_depth: nesting bound D: a symbol may be pending at most D times (or its count in one alternative,
+        if larger), i.e. D levels of each bracket kind (JSON: D nested objects and, independently, D nested
+        arrays); deeper nesting is masked out. Iteration (left/right recursion) is never bounded. The
+        automaton grows about 3.6x per level for JSON (see docs/grammar.md).
+      max_states: refuse grammars whose subset construction passes this many states.
+      cache: read and write compiled tables under ``cache_root()/grammar``.
+      eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
+    """
+
+    start: str = "start"
+    max_depth: int = 3
+    max_states: int = 200_000
+    cache: bool = True
+    eos_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.max_depth < 1:
+            raise GrammarError(f"max_depth must be at least 1, got {self.max_depth}")
+        if self.max_states < 2:
+            raise GrammarError(f"max_states must be at least 2, got {self.max_states}")
+
+
+_VOCABS: dict[tuple, tuple[object, Vocabulary, str]] = {}  # (id(tokenizer), eos) → ...
+
+
+def vocabulary_of(tokenizer, eos_ids: tuple[int, ...] | None = None) -> tuple[Vocabulary, str]:
+    """The tokenizer's :class:`Vocabulary` and an identity hash of it (bytes of every token + EOS ids)."""
+    eos = tuple(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_ids", ()))
+    if not eos:
+        raise GrammarError("no EOS id: the tokenizer has no eos_ids, so pass GrammarOptions(eos_ids=...)")
+    key = (id(tokenizer), eos)
+    hit = _VOCABS.get(key)
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1], hit[2]
+    token_bytes = tokenizer.token_bytes()
+    if bad := [i for i in eos if not 0 <= i < len(token_bytes)]:
+        raise GrammarError(f"eos ids {bad} are outside the vocabulary ({len(token_bytes)} tokens)")
+    digest = hashlib.sha256(repr(eos).encode())
+    digest.update(np.array([len(b) for b in token_bytes], np.int32).tobytes())
+    digest.update(b"".join(token_bytes))
+    vocab = Vocabulary(token_bytes, eos)
+    _VOCABS[key] = (tokenizer, vocab, digest.hexdigest())
+    return vocab, digest.hexdigest()
+
+
+def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = None) -> GrammarTables:
+    """Compiles a Lark grammar against a tokenizer's vocabulary into device tables.
+
+    Args:
+      lark_text: Lark grammar source (lark's own syntax, ``%import common`` included).
+      tokenizer: anything with ``token_bytes()`` (and ``eos_ids`` unless ``options.eos_ids`` is given).
+      options: see :class:`GrammarOptions`.
+
+    Returns:
+      Tables whose state 0 is the dead state and ``initial_state`` the start; use them with
+      :func:`specjax.grammar.runtime.mask_logits` and :func:`specjax.grammar.runtime.advance`.
+
+    Raises:
+      GrammarError: the grammar is invalid, unsupported, empty, or too large (see the message).
+    """
+    options = options or GrammarOptions()
+    vocab, vocab_hash = vocabulary_of(tokenizer, options.eos_ids)
+    key = hashlib.sha256(json.dumps([_CACHE_VERSION, lark_text, dataclasses.asdict(options) | {"cache": None},
+                                     vocab_hash]).encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{key}.npz"
+    if options.cache and path.is_file():
+        return _to_device(dict(np.load(path)), vocab)
+    t0 = time.perf_counter()
+    cfg = load_lark(lark_text, options.start)
+    auto = build_automaton(cfg, options.max_depth, options.max_states)
+    rows, row_of_state = mask_rows(auto, vocab)
+    host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
+            "stats": np.array([auto.raw_states, int(auto.truncated), (time.perf_counter() - t0) * 1e6], np.int64)}
+    if options.cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, **host)
+        tmp.replace(path)  # atomic: a crash never leaves a torn cache entry
+    return _to_device(host, vocab)
+
+
+def _cache_dir() -> Path:
+    from specjax.models.loading import cache_root
+
+    return cache_root() / "grammar"
+
+
+def _to_device(host: dict[str, np.ndarray], vocab: Vocabulary) -> GrammarTables:
+    raw_states, truncated, _ = (int(x) for x in host["stats"])
+    return GrammarTables(
+        trans_sb=jnp.asarray(host["trans_sb"], jnp.int32), accept_s=jnp.asarray(host["accept_s"]),
+        mask_rw=jnp.asarray(host["mask_rw"], jnp.uint32), row_s=jnp.asarray(host["row_s"], jnp.int32),
+        bytes_vl=jnp.asarray(vocab.bytes_vl), length_v=jnp.asarray(vocab.length_v),
+        kind_v=jnp.asarray(vocab.kind_v), vocab_size=vocab.size, initial_state=INITIAL,
+        raw_states=raw_states, truncated=bool(truncated))

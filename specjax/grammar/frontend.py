@@ -1,0 +1,214 @@
+"""Lark grammar text → a plain context-free grammar over byte-level terminals.
+
+Lark itself parses the grammar (EBNF, ``%import``, templates, ``?``/``!``/``_`` prefixes, aliases) and
+expands it to BNF rules; this module reads those rules and terminals, turns every terminal into a byte
+DFA (:mod:`specjax.grammar.terminals`), removes left recursion (so that it becomes iteration, see
+:func:`_remove_left_recursion`) and checks that the start rule derives some string.
+
+Tree-shaping features (aliases, ``?``/``!``/``_`` prefixes, rule priorities) do not change the language
+and are ignored; terminal priorities only decide which terminal *name* a lexeme gets when several match
+it, which does not change the set of accepted strings either (see docs/grammar.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import lark
+import lark.exceptions
+
+from specjax.grammar.errors import GrammarError
+from specjax.grammar.terminals import ByteDFA, terminal_dfa
+
+__all__ = ["Cfg", "load_lark"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    """A context-free grammar whose terminals are byte DFAs.
+
+    Symbols in ``alts`` are ints: a terminal ``t`` is ``t >= 0`` (index into ``terminals``), a
+    nonterminal ``n`` is ``-(n + 1)``.
+
+    Attributes:
+      rule_names: nonterminal names (index = nonterminal id).
+      start: the start nonterminal id.
+      alts: ``(lhs, symbols)`` per alternative.
+      terminal_names: terminal names (index = terminal id).
+      terminals: a byte DFA per terminal.
+      ignore: ids of the ``%ignore`` terminals (allowed between any two terminals, and at both ends).
+      nullable: per nonterminal, whether it derives the empty string.
+    """
+
+    rule_names: tuple[str, ...]
+    start: int
+    alts: tuple[tuple[int, tuple[int, ...]], ...]
+    terminal_names: tuple[str, ...]
+    terminals: tuple[ByteDFA, ...]
+    ignore: tuple[int, ...]
+    nullable: tuple[bool, ...]
+
+    def alts_of(self, n: int) -> list[int]:
+        return [i for i, (lhs, _) in enumerate(self.alts) if lhs == n]
+
+
+def load_lark(text: str, start: str = "start") -> Cfg:
+    """Loads Lark grammar text with lark and converts it to a :class:`Cfg`.
+
+    Raises:
+      GrammarError: a syntax error (with line and column), an undefined rule or terminal, a terminal that
+        is declared but never defined, an unsupported regex construct, indirect left recursion, or a start
+        rule that derives no string.
+    """
+    try:
+        parser = lark.Lark(text, parser="earley", lexer="dynamic", start=start)
+    except lark.exceptions.LarkError as e:
+        raise GrammarError(f"invalid Lark grammar: {e}".rstrip()) from e
+    rules: dict[str, list[tuple[str, ...]]] = {}
+    for rule in parser.rules:
+        rules.setdefault(rule.origin.name, []).append(tuple(s.name for s in rule.expansion))
+    if start not in rules:
+        raise GrammarError(f"the grammar has no rule named {start!r} (the start rule)")
+    term_defs = {t.name: t for t in parser.terminals}
+    used = _reachable(rules, start)
+    term_names = sorted({s for n in used for alt in rules[n] for s in alt if s not in rules}
+                        | set(parser.ignore_tokens))
+    if missing := [t for t in term_names if t not in term_defs]:
+        raise GrammarError(f"terminal {missing[0]} is used but has no definition (a %declare'd terminal "
+                           "needs a postlexer, e.g. Python's _INDENT/_DEDENT, which a regular automaton cannot model)")
+    terminals = tuple(terminal_dfa(name, term_defs[name].pattern) for name in term_names)
+    rules = {n: rules[n] for n in used}
+    rules = _merge_optional_repeats(_remove_left_recursion(rules))
+    productive = _productive(rules, set(term_names))
+    if start not in productive:
+        raise GrammarError(f"the grammar's language is empty: rule {start!r} derives no finite string "
+                           "(every alternative recurses without end)")
+    rules = {n: [a for a in alts if all(s in productive or s not in rules for s in a)]
+             for n, alts in rules.items() if n in productive}
+    rules = {n: rules[n] for n in _reachable(rules, start)}
+    nullable = _nullable(rules)
+    _check_hidden_left_recursion(rules, nullable)
+    names = sorted(rules, key=lambda n: (n != start, n))
+    rule_id = {n: i for i, n in enumerate(names)}
+    term_id = {t: i for i, t in enumerate(term_names)}
+    code = lambda s: -(rule_id[s] + 1) if s in rule_id else term_id[s]
+    alts = tuple((rule_id[n], tuple(code(s) for s in a)) for n in names for a in rules[n])
+    return Cfg(rule_names=tuple(names), start=0, alts=alts, terminal_names=tuple(term_names),
+               terminals=terminals, ignore=tuple(term_id[t] for t in parser.ignore_tokens),
+               nullable=tuple(n in nullable for n in names))
+
+
+def _reachable(rules: dict[str, list[tuple[str, ...]]], start: str) -> list[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for alt in rules[todo.pop()]:
+            for s in alt:
+                if s in rules and s not in seen:
+                    seen.add(s)
+                    todo.append(s)
+    return sorted(seen)
+
+
+def _remove_left_recursion(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
+    """Rewrites direct left recursion ``A: A a | b`` as ``A: b A'``, ``A': a A' | ε`` (same language).
+
+    Lark expands ``x*`` and ``x+`` into left-recursive helper rules, and arithmetic grammars are written
+    left-recursively; as right recursion in tail position they cost no stack (see automaton.py).
+    """
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for name, alts in rules.items():
+        alts = [a for a in alts if a != (name,)]  # A: A adds nothing
+        recursive = [a[1:] for a in alts if a[:1] == (name,)]
+        if not recursive:
+            out[name] = alts
+            continue
+        tail = f"{name}__rest"
+        out[name] = [a + (tail,) for a in alts if a[:1] != (name,)]
+        out[tail] = [a + (tail,) for a in recursive] + [()]
+    return out
+
+
+def _merge_optional_repeats(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
+    """Merges ``P Q | P S Q`` into ``P S* Q`` where ``S`` is a repetition ``a+`` (``S: a S*``, ``S*: a S* | ε``).
+
+    Lark spells ``[x ("," x)*]`` as separate alternatives with and without the repetition; merged, the
+    parser configuration after a list's first element equals the one after a later element, so the
+    automaton does not carry that distinction through every nesting level (same language).
+    """
+    star = {}
+    for name, alts in rules.items():
+        rest = f"{name}__rest"
+        if len(alts) == 1 and alts[0][-1:] == (rest,) and sorted(rules.get(rest, [])) == sorted([alts[0], ()]):
+            star[name] = rest
+    out = {}
+    for name, alts in rules.items():
+        alts = list(dict.fromkeys(alts))
+        changed = True
+        while changed:
+            changed = False
+            present = set(alts)
+            for a in alts:
+                i = next((i for i, x in enumerate(a) if x in star and a[:i] + a[i + 1:] in present), None)
+                if i is not None:
+                    merged = a[:i] + (star[a[i]],) + a[i + 1:]
+                    alts = [x for x in alts if x not in (a, a[:i] + a[i + 1:])] + [merged]
+                    changed = True
+                    break
+        out[name] = alts
+    return out
+
+
+def _productive(rules: dict[str, list[tuple[str, ...]]], terminals: set[str]) -> set[str]:
+    done: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, alts in rules.items():
+            if name not in done and any(all(s in terminals or s in done for s in a) for a in alts):
+                done.add(name)
+                changed = True
+    return done
+
+
+def _nullable(rules: dict[str, list[tuple[str, ...]]]) -> set[str]:
+    done: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, alts in rules.items():
+            if name not in done and any(all(s in done for s in a) for a in alts):
+                done.add(name)
+                changed = True
+    return done
+
+
+def _check_hidden_left_recursion(rules: dict[str, list[tuple[str, ...]]], nullable: set[str]) -> None:
+    """Refuses left recursion that survives direct elimination (through other rules or nullable prefixes).
+
+    A top-down expansion of such a rule would only stop at the nesting bound, silently cutting the
+    language, so it is refused instead.
+    """
+    left: dict[str, set[str]] = {n: set() for n in rules}
+    for name, alts in rules.items():
+        for a in alts:
+            for s in a:
+                if s in rules:
+                    left[name].add(s)
+                if s not in nullable:
+                    break
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(left[n]):
+            if state.get(m) == 1:
+                cycle = path[path.index(m):] + [m] if m in path else [n, m]
+                raise GrammarError("unsupported indirect left recursion through rules " + " -> ".join(cycle) +
+                                   "; rewrite it as direct left recursion (A: A x | y) or as repetition")
+            if m not in state:
+                visit(m, path + [m])
+        state[n] = 2
+
+    for n in sorted(rules):
+        if n not in state:
+            visit(n, [n])

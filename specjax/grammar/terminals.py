@@ -1,0 +1,228 @@
+"""Lark terminals (string literals and Python regexes) → deterministic automata over UTF-8 bytes.
+
+Regexes go through interegular (Python regex syntax → FSM over characters). Its character classes
+(including "any other character") are expanded to UTF-8 byte sequences with the usual range-splitting
+construction (as in RE2 / Rust's utf8-ranges), then determinised over bytes, so that a token holding
+half of a multi-byte character simply stops in an inner state.
+
+Constructs whose meaning depends on context outside the terminal (anchors, ``\\b``, lookaround) or that
+are not regular (backreferences) are refused: they would make the automaton silently wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import re._constants as sre_constants
+import re._parser as sre_parse
+
+import interegular
+import numpy as np
+from interegular.fsm import anything_else
+
+from specjax.grammar.errors import GrammarError
+
+__all__ = ["ByteDFA", "terminal_dfa", "literal_dfa", "regex_dfa"]
+
+_MAX_CP = 0x10FFFF
+_UNSUPPORTED = {sre_constants.AT: "anchor or \\b", sre_constants.ASSERT: "lookaround",
+                sre_constants.ASSERT_NOT: "negative lookaround", sre_constants.GROUPREF: "backreference",
+                sre_constants.GROUPREF_EXISTS: "conditional group"}
+_UNICODE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ByteDFA:
+    """A DFA over bytes: ``trans[q, b]`` is the next state or -1 (reject); state 0 is the start."""
+
+    trans: np.ndarray  # int32 [n, 256]
+    accept: np.ndarray  # bool [n]
+
+
+def terminal_dfa(name: str, pattern) -> ByteDFA:
+    """The byte DFA of a lark ``PatternStr`` / ``PatternRE``.
+
+    Raises:
+      GrammarError: naming the terminal and the construct, for unsupported regexes or terminals that match
+        the empty string.
+    """
+    if type(pattern).__name__ == "PatternStr" and not pattern.flags:
+        dfa = literal_dfa(pattern.value.encode("utf-8"))
+    else:
+        dfa = regex_dfa(pattern.to_regexp(), where=f"terminal {name}")
+    if dfa.accept[0]:
+        raise GrammarError(f"terminal {name} ({pattern.to_regexp()!r}) matches the empty string; "
+                           "make it non-empty and make its use optional in the rule instead")
+    return dfa
+
+
+def literal_dfa(data: bytes) -> ByteDFA:
+    trans = np.full((len(data) + 1, 256), -1, np.int32)
+    trans[np.arange(len(data)), np.frombuffer(data, np.uint8)] = np.arange(1, len(data) + 1)
+    accept = np.zeros(len(data) + 1, bool)
+    accept[-1] = True
+    return ByteDFA(trans, accept)
+
+
+def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
+    """The byte DFA of a Python regex (full match).
+
+    Raises:
+      GrammarError: a syntax error or an unsupported construct, naming ``where`` and the construct.
+    """
+    _check_supported(regex, where)
+    regex = _UNICODE_ESCAPE.sub(lambda m: m[1] + re.escape(chr(int(m[2] or m[3], 16))), regex)
+    try:
+        fsm = interegular.parse_pattern(regex).to_fsm()
+    except Exception as e:  # interegular raises several unrelated types
+        raise GrammarError(f"{where}: cannot compile regex {regex!r}: {e}") from e
+    return _bytes_from_chars(fsm)
+
+
+def _check_supported(regex: str, where: str) -> None:
+    try:
+        tree = sre_parse.parse(regex)
+    except re.error as e:
+        raise GrammarError(f"{where}: invalid regex {regex!r}: {e}") from e
+
+    def walk(items) -> None:
+        for op, arg in items:
+            if op in _UNSUPPORTED:
+                raise GrammarError(f"{where}: unsupported regex construct ({_UNSUPPORTED[op]}) in {regex!r}; "
+                                   "only regular constructs without context conditions are supported")
+            for sub in arg if isinstance(arg, (list, tuple)) else ():
+                if isinstance(sub, sre_parse.SubPattern):
+                    walk(sub)
+                elif isinstance(sub, (list, tuple)):
+                    for x in sub:
+                        if isinstance(x, sre_parse.SubPattern):
+                            walk(x)
+            if isinstance(arg, sre_parse.SubPattern):
+                walk(arg)
+
+    walk(tree)
+
+
+def _bytes_from_chars(fsm) -> ByteDFA:
+    """Determinises interegular's character FSM over UTF-8 bytes."""
+    mapping = fsm.alphabet._symbol_mapping
+    explicit = sorted(ord(c) for c in mapping if c is not anything_else)
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for c, k in mapping.items():
+        if c is not anything_else:
+            ranges.setdefault(k, []).append((ord(c), ord(c)))
+    if anything_else in mapping:
+        ranges.setdefault(mapping[anything_else], []).extend(_complement(explicit))
+    states = sorted(fsm.states)
+    index = {s: i for i, s in enumerate(states)}
+    # NFA over bytes: nodes 0..len(states)-1 are the FSM's states, then inner nodes of byte sequences.
+    edges: list[dict[int, set[int]]] = [dict() for _ in states]
+    inner: dict[tuple, int] = {}
+
+    def node_for(suffix: tuple[tuple[int, int], ...], target: int) -> int:
+        if not suffix:
+            return target
+        key = (suffix, target)
+        if key not in inner:
+            inner[key] = len(edges)
+            edges.append({})
+            nxt = node_for(suffix[1:], target)
+            lo, hi = suffix[0]
+            for b in range(lo, hi + 1):
+                edges[inner[key]].setdefault(b, set()).add(nxt)
+        return inner[key]
+
+    for s, row in fsm.map.items():
+        for k, t in row.items():
+            for lo, hi in ranges.get(k, ()):
+                for seq in _utf8_sequences(lo, hi):
+                    nxt = node_for(tuple(seq[1:]), index[t])
+                    for b in range(seq[0][0], seq[0][1] + 1):
+                        edges[index[s]].setdefault(b, set()).add(nxt)
+    finals = {index[s] for s in fsm.finals}
+    return _determinise(edges, index[fsm.initial], finals)
+
+
+def _determinise(edges: list[dict[int, set[int]]], start: int, finals: set[int]) -> ByteDFA:
+    ids = {frozenset([start]): 0}
+    order = [frozenset([start])]
+    rows: list[list[int]] = []
+    while len(rows) < len(order):
+        subset = order[len(rows)]
+        row = [-1] * 256
+        targets: dict[int, set[int]] = {}
+        for n in subset:
+            for b, ts in edges[n].items():
+                targets.setdefault(b, set()).update(ts)
+        for b, ts in targets.items():
+            key = frozenset(ts)
+            if key not in ids:
+                ids[key] = len(order)
+                order.append(key)
+            row[b] = ids[key]
+        rows.append(row)
+    accept = np.array([bool(s & finals) for s in order], bool)
+    return _minimal(np.array(rows, np.int32).reshape(len(order), 256), accept)
+
+
+def _minimal(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
+    """The minimal equivalent DFA (fewer lexer states → fewer grammar automaton states), start kept at 0."""
+    from specjax.grammar.automaton import minimize
+
+    block, n = minimize(trans, accept)
+    ids = np.full(n, -1, np.int64)
+    ids[block[0]] = 0
+    nxt = 1
+    for b in block:
+        if ids[b] < 0:
+            ids[b] = nxt
+            nxt += 1
+    out = np.full((nxt, 256), -1, np.int32)
+    acc = np.zeros(nxt, bool)
+    new = ids[block]
+    out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
+    acc[new] = accept
+    return ByteDFA(out, acc)
+
+
+def _complement(points: list[int]) -> list[tuple[int, int]]:
+    out, lo = [], 0
+    for p in points:
+        if p > lo:
+            out.append((lo, p - 1))
+        lo = max(lo, p + 1)
+    if lo <= _MAX_CP:
+        out.append((lo, _MAX_CP))
+    return out
+
+
+def _utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """Splits code points [lo, hi] into sequences of byte ranges whose product is exactly their UTF-8."""
+    out, todo = [], [(lo, hi)]
+    while todo:
+        lo, hi = todo.pop()
+        if lo > hi:
+            continue
+        if lo <= 0xDFFF and hi >= 0xD800:  # surrogates have no UTF-8 encoding
+            todo += [(lo, 0xD7FF), (0xE000, hi)]
+            continue
+        split = next((m for m in (0x7F, 0x7FF, 0xFFFF) if lo <= m < hi), None)
+        if split is not None:  # different encoded lengths
+            todo += [(lo, split), (split + 1, hi)]
+            continue
+        if hi <= 0x7F:
+            out.append([(lo, hi)])
+            continue
+        for i in (1, 2, 3):
+            m = (1 << (6 * i)) - 1
+            if lo & ~m != hi & ~m:
+                if lo & m:
+                    todo += [(lo, lo | m), ((lo | m) + 1, hi)]
+                    break
+                if hi & m != m:
+                    todo += [(lo, (hi & ~m) - 1), (hi & ~m, hi)]
+                    break
+        else:
+            a, b = chr(lo).encode(), chr(hi).encode()
+            out.append(list(zip(a, b, strict=True)))
+    return out

@@ -1,0 +1,51 @@
+"""JSON Schema `format` values as regexes over the decoded string (all ASCII, none needs escaping).
+
+Each regex generates a subset of its RFC grammar that also passes the checks of the `jsonschema`
+package's FormatChecker (Python's `date.fromisoformat` rejects year 0000, so it is excluded).
+Narrowings are listed in docs/grammar-json-schema.md.
+"""
+
+from __future__ import annotations
+
+_YEAR = "(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+# Gregorian leap years (divisible by 4, centuries only when divisible by 400); 0000 is not matched.
+_LEAP_YEAR = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+# RFC 3339 full-time; the leap second :60 and lower-case z are not generated.
+_HOUR, _MINUTE = "(?:[01][0-9]|2[0-3])", "[0-5][0-9]"
+TIME = rf"{_HOUR}:{_MINUTE}:{_MINUTE}(?:\.[0-9]+)?(?:Z|[+\-]{_HOUR}:{_MINUTE})"
+DATE_TIME = f"{DATE}T{TIME}"
+UUID = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+
+# RFC 5322 dot-atom local part @ RFC 1123 host name (labels of 1-63 letters, digits, inner hyphens).
+_ATEXT = r"[A-Za-z0-9!#$%&'*+\/=?\^_`{|}~\-]"
+_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9\\-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
+EMAIL = rf"{_ATEXT}+(?:\.{_ATEXT}+)*@{HOSTNAME}"
+
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9][0-9]|[0-9])"
+IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+
+# RFC 3986 URI = scheme ":" hier-part ["?" query] ["#" fragment]; hosts are reg-names (IPv4
+# addresses are reg-names syntactically); IP-literals ([v6]) are not generated.
+_PCT = "%[0-9A-Fa-f]{2}"
+_PCHAR = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|{_PCT})"
+_USERINFO = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=:]|{_PCT})*@"
+_REG_NAME = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=]|{_PCT})*"
+_AUTHORITY = f"(?:{_USERINFO})?{_REG_NAME}(?::[0-9]*)?"
+_HIER = (rf"(?:\/\/{_AUTHORITY}(?:\/{_PCHAR}*)*|\/(?:{_PCHAR}+(?:\/{_PCHAR}*)*)?"
+         rf"|{_PCHAR}+(?:\/{_PCHAR}*)*)?")
+_TAIL = rf"(?:\?(?:{_PCHAR}|[\/?])*)?(?:#(?:{_PCHAR}|[\/?])*)?"
+URI = rf"[A-Za-z][A-Za-z0-9+\-.]*:{_HIER}{_TAIL}"
+
+FORMATS = {
+    "date-time": DATE_TIME,
+    "date": DATE,
+    "time": TIME,
+    "email": EMAIL,
+    "uuid": UUID,
+    "uri": URI,
+    "ipv4": IPV4,
+}

@@ -1,0 +1,255 @@
+"""Schema algebra for the JSON Schema front-end: keyword tables, allOf merging, disjointness, enum filtering.
+
+Everything here either computes an exact result or raises `SchemaError`; nothing is approximated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from specjax.grammar._json_formats import FORMATS
+
+TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+
+# Keywords with no effect on validation: ignored on purpose.
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "example", "$comment", "readOnly", "writeOnly",
+    "deprecated", "$schema", "$id", "id", "$anchor", "contentMediaType", "contentEncoding", "contentSchema",
+    "$vocabulary", "definitions", "$defs",
+})
+# Keywords this front-end compiles (each handled in json_schema.py).
+SUPPORTED = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
+    "uniqueItems",
+})
+# Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
+REFUSED = frozenset({
+    "patternProperties", "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
+    "else", "not", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
+    "divisibleBy",
+})
+OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties"})
+ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})
+STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
+NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+class SchemaError(ValueError):
+    """A schema (or part of one) that cannot be compiled exactly.
+
+    Attributes:
+      keyword: the JSON Schema keyword refused.
+      path: JSON pointer of the schema location ("#/properties/a").
+    """
+
+    def __init__(self, keyword: str, path: str, why: str):
+        super().__init__(f"JSON Schema keyword '{keyword}' at {path}: {why}")
+        self.keyword, self.path, self.why = keyword, path, why
+
+
+class EmptySchemaError(SchemaError):
+    """A schema no value satisfies. Where a value is optional (an optional property, an array tail,
+    a union branch) the compiler drops that part instead, which is exact."""
+
+
+def canonical(value) -> str:
+    """Compact JSON text of a value (the form in which enum/const values are generated)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):  # 1.0 is an integer from draft 6 on but not in draft 4: say number (sound)
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def type_set(node: dict, path: str) -> set[str]:
+    """Types the node admits by its `type` keyword (all when absent); integer ⊂ number is kept explicit."""
+    t = node.get("type", list(TYPES))
+    names = [t] if isinstance(t, str) else t
+    if not isinstance(names, list) or any(n not in TYPES for n in names):
+        raise SchemaError("type", path, f"unknown type {t!r} (one of {', '.join(TYPES)})")
+    out = set(names)
+    if "number" in out:
+        out.add("integer")
+    return out
+
+
+def value_types(node: dict, path: str) -> set[str]:
+    """Types an instance of the node may have (from type, enum and const)."""
+    types = type_set(node, path)
+    values = node["enum"] if "enum" in node else [node["const"]] if "const" in node else None
+    if values is not None:
+        vt = {json_type(v) for v in values}
+        if "integer" in vt:
+            vt.add("number")
+        types &= vt
+    return types
+
+
+def value_ok(value, node: dict, path: str) -> bool:
+    """Whether an enum/const value satisfies the node's other keywords (refuses what it cannot check)."""
+    vt = json_type(value)
+    allowed = type_set(node, path)
+    if vt not in allowed and not (vt == "integer" and "number" in allowed):
+        return False
+    for kw in node:
+        if kw in ANNOTATIONS or kw in ("type", "enum", "const") or kw not in SUPPORTED:
+            continue  # unknown keywords do not take part in validation
+        if kw in STRING_KEYS | NUMBER_KEYS | OBJECT_KEYS | ARRAY_KEYS and not _applies(kw, vt):
+            continue
+        if kw == "minLength" and len(value) < node[kw] or kw == "maxLength" and len(value) > node[kw]:
+            return False
+        if kw == "pattern":
+            if re.search(node[kw], value) is None:
+                return False
+        elif kw == "format" and node[kw] in FORMATS:
+            if re.fullmatch(FORMATS[node[kw]], value) is None:
+                return False
+        elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and isinstance(node[kw], int | float):
+            if not _bound_ok(kw, value, node):
+                return False
+        elif kw not in ("minLength", "maxLength"):
+            raise SchemaError(kw, path, "cannot be combined with enum/const (values are not checked against it)")
+    return True
+
+
+def _applies(kw: str, vt: str) -> bool:
+    if kw in STRING_KEYS:
+        return vt == "string"
+    if kw in NUMBER_KEYS:
+        return vt in ("integer", "number")
+    return vt == ("object" if kw in OBJECT_KEYS else "array")
+
+
+def _bound_ok(kw: str, value, node: dict) -> bool:
+    b = node[kw]
+    if kw == "minimum":
+        return value > b if node.get("exclusiveMinimum") is True else value >= b
+    if kw == "maximum":
+        return value < b if node.get("exclusiveMaximum") is True else value <= b
+    return value > b if kw == "exclusiveMinimum" else value < b
+
+
+# ------------------------------------------------------------------------------------------------ allOf
+_TAKE_MAX = frozenset({"minimum", "minLength", "minItems"})
+_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems"})
+
+
+def merge(a: dict, b: dict, path: str) -> dict:
+    """The intersection of two schemas as one schema, for the keyword combinations where it is exact."""
+    out = dict(a)
+    for kw, vb in b.items():
+        if kw not in out or kw in ANNOTATIONS:
+            out.setdefault(kw, vb)
+            continue
+        va = out[kw]
+        if _same(va, vb):
+            continue
+        out[kw] = _merge_keyword(kw, va, vb, a, b, path)
+    _check_additional(a, b, path)
+    _check_additional(b, a, path)
+    return out
+
+
+def _same(x, y) -> bool:
+    return canonical(x) == canonical(y) and type(x) is type(y)
+
+
+def _merge_keyword(kw: str, va, vb, a: dict, b: dict, path: str):
+    if kw == "type":
+        both = type_set(a, path) & type_set(b, path)
+        if not both:
+            raise EmptySchemaError("allOf", path, "branches require disjoint types (empty language)")
+        return sorted(both - {"integer"} if "number" in both else both)
+    if kw == "required":
+        return list(dict.fromkeys([*va, *vb]))
+    if kw == "properties":
+        props = dict(va)
+        for name, sb in vb.items():
+            props[name] = {"allOf": [props[name], sb]} if name in props else sb
+        return props
+    if kw == "allOf":
+        return [*va, *vb]
+    if kw == "enum":
+        keep = {canonical(_norm(v)) for v in vb}
+        return [v for v in va if canonical(_norm(v)) in keep]
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (va, vb))
+    if numeric and kw in _TAKE_MAX:
+        return max(va, vb)
+    if numeric and kw in _TAKE_MIN:
+        return min(va, vb)
+    if numeric and kw in ("exclusiveMinimum", "exclusiveMaximum"):
+        return max(va, vb) if kw == "exclusiveMinimum" else min(va, vb)
+    raise SchemaError("allOf", path, f"branches give '{kw}' different values ({canonical(va)[:40]} vs "
+                                     f"{canonical(vb)[:40]}); only type, required, properties, enum and bounds merge")
+
+
+def _check_additional(a: dict, b: dict, path: str) -> None:
+    """additionalProperties of one branch would judge the other branch's properties: refuse that case."""
+    if a.get("additionalProperties", True) is True:
+        return
+    extra = set(b.get("properties", {})) - set(a.get("properties", {}))
+    if extra:
+        raise SchemaError("allOf", path, f"one branch sets additionalProperties and another adds properties "
+                                         f"{sorted(extra)[:3]}; that intersection is not merged")
+
+
+# ------------------------------------------------------------------------------------------------ oneOf
+def disjoint(a: dict, b: dict, path: str) -> bool:
+    """A sufficient test that no instance matches both schemas: distinct types, values or discriminators."""
+    ta, tb = value_types(a, path), value_types(b, path)
+    if not ta & tb:
+        return True
+    if _value_set(a) is not None and _value_set(b) is not None and not _value_set(a) & _value_set(b):
+        return True
+    if ta <= {"object"} or tb <= {"object"}:
+        pa, pb = a.get("properties", {}), b.get("properties", {})
+        for name in set(a.get("required", [])) & set(b.get("required", [])) & set(pa) & set(pb):
+            va, vb = _value_set(pa[name]), _value_set(pb[name])
+            if isinstance(pa[name], dict) and isinstance(pb[name], dict) and va is not None and vb is not None \
+                    and not va & vb:
+                return True
+    return False
+
+
+def _value_set(node) -> set[str] | None:
+    """Canonical texts of the only values the node admits (None: not a finite set we can see)."""
+    if not isinstance(node, dict):
+        return None
+    if isinstance(node.get("allOf"), list):  # an instance matches every part: any finite part bounds it
+        sets = [v for v in map(_value_set, node["allOf"]) if v is not None]
+        if sets:
+            return set.intersection(*sets)
+    if "const" in node:
+        return {canonical(_norm(node["const"]))}
+    if "enum" in node and isinstance(node["enum"], list):
+        return {canonical(_norm(v)) for v in node["enum"]}
+    return None
+
+
+def _norm(value):
+    """Equal JSON values get equal canonical text (validators compare 1 and 1.0 as equal)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in sorted(value.items())}
+    return value
+
+
+def integer_bounds(lo, hi) -> tuple[int | None, int | None]:
+    """Inclusive integer bounds from real-valued inclusive bounds."""
+    return (None if lo is None else math.ceil(lo)), (None if hi is None else math.floor(hi))

@@ -1,0 +1,338 @@
+"""Per-type grammar for one flattened JSON Schema node: values, objects, arrays, strings, numbers."""
+
+from __future__ import annotations
+
+import math
+
+from specjax.grammar import _charsets as cs
+from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar import regex as rx
+from specjax.grammar._json_formats import FORMATS
+from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
+from specjax.grammar._regex_fsm import TooLarge, fsm_class_text, length_bounded_rules
+from specjax.grammar._regex_ranges import int_range, number_range
+
+NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
+_MAX_SAFE = 2**53
+
+
+def lark_literal(text: str) -> str:
+    """A Lark string literal matching exactly `text` (JSON text: no raw control characters)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def json_string_terminal(content: str) -> str:
+    """A /regex/ terminal for a JSON string: quotes around `content` (regex over the escaped text).
+
+    Quotes are written \\x22: lark rewrites a backslash-quote pair inside /.../, which would turn
+    an escaped backslash followed by a quote into an escaped quote.
+    """
+    return f"/{cs.QUOTE}{content}{cs.QUOTE}/"
+
+
+def _pointer(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _repeat(char: str, lo: int, hi: int | None) -> str:
+    if hi is None:
+        return f"{char}*" if lo == 0 else f"{char}+" if lo == 1 else f"{char}{{{lo},}}"
+    return "" if hi == 0 else f"{char}{{{lo}}}" if lo == hi else f"{char}{{{lo},{hi}}}"
+
+
+class TypeEmitter:
+    """Writes the Lark expression for each type a node admits; `c` is the owning compiler."""
+
+    def __init__(self, compiler):
+        self.c = compiler
+
+    @property
+    def comma(self) -> str:
+        return f'{self.c.ws} ","{self.c.ws}'
+
+    def typed(self, node: dict, path: str) -> str:
+        types = logic.type_set(node, path)
+        if "enum" in node or "const" in node:
+            return self.values(node, path)
+        alts = []
+        if "null" in types:
+            alts.append('"null"')
+        if "boolean" in types:
+            alts.append('"true" | "false"')
+        for kind, emit in (("object", self.object), ("array", self.array), ("string", self.string)):
+            if kind in types:
+                alts.append(emit(node, path))
+        if "integer" in types:
+            alts.append(self.number(node, path, integer="number" not in types))
+        alts = [a for a in alts if a]
+        if not alts:
+            raise EmptySchemaError("type", path, "no value satisfies the schema (empty language)")
+        return " | ".join(alts)
+
+    # ----------------------------------------------------------------------------------- values
+    def values(self, node: dict, path: str) -> str:
+        kw = "enum" if "enum" in node else "const"
+        vals = node["enum"] if kw == "enum" else [node["const"]]
+        if not isinstance(vals, list):
+            raise SchemaError("enum", path, "must be an array")
+        if kw == "enum" and "const" in node:
+            vals = [v for v in vals if logic.canonical(v) == logic.canonical(node["const"])]
+        texts = list(dict.fromkeys(logic.canonical(v) for v in vals if logic.value_ok(v, node, path)))
+        if not texts:
+            raise EmptySchemaError(kw, path, "no listed value satisfies the rest of the schema (empty language)")
+        return " | ".join(lark_literal(t) for t in texts)
+
+    # ---------------------------------------------------------------------------------- objects
+    def object(self, node: dict, path: str) -> str:
+        props, required = node.get("properties", {}), node.get("required", [])
+        if not isinstance(props, dict) or not isinstance(required, list):
+            raise SchemaError("properties", path, "properties must be an object and required an array")
+        extra = node.get("additionalProperties", True)
+        members = []  # (name, schema, schema path, required)
+        for name, sub in props.items():
+            if sub is False:
+                if name in required:
+                    raise EmptySchemaError("required", path, f"property {name!r} is required but its schema is false")
+                continue
+            members.append((name, sub, f"{path}/properties/{_pointer(name)}", name in required))
+        for name in dict.fromkeys(required):
+            if name not in props:
+                if extra is False:
+                    raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
+                                                        "additionalProperties is false (empty language)")
+                members.append((name, extra, f"{path}/additionalProperties", True))
+        pairs = []
+        for n, s, p, req in members:
+            try:
+                pairs.append((self._pair(logic.canonical(n), s, p), req))
+            except EmptySchemaError:
+                if req:
+                    raise
+                # an optional property whose schema nothing satisfies can only be absent (exact)
+        tail = None
+        if extra is not False and not self.c.options.strict_objects:
+            key = self._key_not_in([n for n, *_ in members] + list(props))
+            try:
+                value = self.c.rule(extra, f"{path}/additionalProperties")
+                tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
+            except EmptySchemaError:
+                tail = None
+        body = self._members(pairs, tail, path)
+        w = self.c.ws
+        return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
+
+    def _pair(self, key_json: str, sub, spath: str) -> str:
+        return f'{lark_literal(key_json)}{self.c.ws} ":"{self.c.ws} {self.c.rule(sub, spath)}'
+
+    def _members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str) -> str:
+        """Members in schema order; optional ones may be skipped; commas only between present ones."""
+        comma, n = self.comma, len(pairs)
+        after = [""] * (n + 1)  # after[k]: members k.. once something was written (each preceded by a comma)
+        after[n] = f"({comma} {tail})*" if tail else ""
+        for k in range(n - 1, -1, -1):
+            pair, req = pairs[k]
+            head = f"{comma} {pair}" if req else f"({comma} {pair})?"
+            after[k] = self._fresh(path, "more", f"{head} {after[k + 1]}".strip())
+        first = f"({tail} ({comma} {tail})*)?" if tail else ""
+        for k in range(n - 1, -1, -1):
+            pair, req = pairs[k]
+            written = f"{pair} {after[k + 1]}".strip()
+            if not req:  # skipping member k leaves the members after it, still with nothing written
+                written = f"{written} | {first}" if first else f"({written})?"
+            first = written
+            first = self._fresh(path, "members", first)
+        return first
+
+    def _fresh(self, path: str, kind: str, body: str) -> str:
+        return self.c.rule_text(f"{path}/{kind}", body) if body else ""
+
+    def _key_not_in(self, names: list[str]) -> str:
+        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases)."""
+        trie: dict = {}
+        for name in names:
+            node = trie
+            for ch in name:
+                node = node.setdefault(ch, {})
+            node[""] = True
+        any_char = cs.json_class_text(cs.ANY)
+
+        def walk(node: dict) -> str:
+            kids = [k for k in node if k]
+            alts = [] if node.get("") else [""]
+            other = cs.difference(cs.ANY, cs.of_chars("".join(kids)))
+            alts.append(f"{cs.json_class_text(other)}{any_char}*")
+            alts += [cs.json_class_text(cs.of_chars(k)) + walk(node[k]) for k in kids]
+            return "(?:" + "|".join(alts) + ")"
+
+        return json_string_terminal(walk(trie))
+
+    # ----------------------------------------------------------------------------------- arrays
+    def array(self, node: dict, path: str) -> str | None:
+        prefix, rest, rest_path, prefix_kw = self._item_schemas(node, path)
+        lo, hi = node.get("minItems", 0), node.get("maxItems")
+        for kw, v in (("minItems", lo), ("maxItems", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
+        if node.get("uniqueItems") is True and (hi is None or hi > 1):
+            raise SchemaError("uniqueItems", path, "item uniqueness is not context-free (only with maxItems <= 1)")
+        for i, p in enumerate(prefix):
+            if p is False:
+                hi, prefix = (i if hi is None else min(hi, i)), prefix[:i]
+                break
+        if rest is False:
+            hi = len(prefix) if hi is None else min(hi, len(prefix))
+        if hi is not None and lo > hi:
+            return None
+        elems, more = [], None
+        try:  # an item schema nothing satisfies ends the array before that position (exact)
+            for i, p in enumerate(prefix):
+                elems.append(self.c.rule(p, f"{path}/{prefix_kw}/{i}"))
+            more = None if rest is False else self.c.rule(rest, rest_path)
+        except EmptySchemaError:
+            hi = len(elems) if hi is None else min(hi, len(elems))
+            if lo > hi:
+                raise
+        w = self.c.ws
+        body = self._items(elems, more, lo, hi, 0)
+        return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'
+
+    def _item_schemas(self, node: dict, path: str):
+        if self.c.draft >= 2020:
+            for kw, why in (("additionalItems", "is not a draft 2020-12 keyword (use items)"),):
+                if kw in node:
+                    raise SchemaError(kw, path, why)
+            if isinstance(node.get("items"), list):
+                raise SchemaError("items", path, "an array of schemas is draft 2019-09 syntax; in 2020-12 use "
+                                                 "prefixItems (or declare the draft in $schema)")
+            return list(node.get("prefixItems", [])), node.get("items", True), f"{path}/items", "prefixItems"
+        if "prefixItems" in node:
+            raise SchemaError("prefixItems", path, f"is draft 2020-12 syntax but this schema is draft {self.c.draft}")
+        items = node.get("items", True)
+        if isinstance(items, list):
+            return items, node.get("additionalItems", True), f"{path}/additionalItems", "items"
+        return [], items, f"{path}/items", "items"
+
+    def _items(self, elems: list[str], more: str | None, lo: int, hi: int | None, i: int) -> str:
+        """Items from index i on (i > 0: one comma before each)."""
+        comma = self.comma if i else ""
+        if i < len(elems):
+            if hi is not None and i >= hi:
+                return ""
+            seq = f"{comma} {elems[i]} {self._items(elems, more, lo, hi, i + 1)}".strip()
+            return seq if i < lo else f"({seq})?"
+        if more is None or (hi is not None and hi <= i):
+            return ""
+        a, b = max(lo - i, 0), (None if hi is None else hi - i)
+        if i == 0:  # the first item has no comma before it
+            rest = self._repeat_group(f"{self.comma} {more}", max(a - 1, 0), None if b is None else b - 1)
+            seq = f"{more} {rest}".strip()
+            return seq if a >= 1 else f"({seq})?"
+        return self._repeat_group(f"{comma} {more}", a, b)
+
+    @staticmethod
+    def _repeat_group(item: str, a: int, b: int | None) -> str:
+        if b == 0:
+            return ""
+        if b is None:
+            return f"({item})*" if a == 0 else f"({item})+" if a == 1 else f"({item})~{a} ({item})*"
+        return f"({item})~{a}" if a == b else f"({item})~{a}..{b}"
+
+    # ---------------------------------------------------------------------------------- strings
+    def string(self, node: dict, path: str) -> str:
+        lo, hi = node.get("minLength", 0), node.get("maxLength")
+        for kw, v in (("minLength", lo), ("maxLength", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
+        if hi is not None and lo > hi:
+            return None
+        body, width = self._string_body(node, path)
+        if body is None:
+            return json_string_terminal(_repeat(cs.json_class_text(cs.ANY), lo, hi))
+        if lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi)):
+            return json_string_terminal(body)  # the length bounds hold for every string of the pattern/format
+        simple = rx.class_repeat(node["pattern"]) if "pattern" in node else None
+        if simple is None:
+            return self._length_automaton(node, path, lo, hi, width)
+        chars, a, b = simple
+        a, b = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
+        if b is not None and a > b:
+            return None
+        return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
+
+    def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
+        """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""
+        fmt = node.get("format")
+        regex = FORMATS[fmt] if fmt in FORMATS else rx.translate(node["pattern"], fsm_class_text, search=True)
+        name = self.c._new_name(f"{path}/length")
+        try:
+            rules = length_bounded_rules(regex, lo, hi, name)
+        except TooLarge as e:
+            kw = "minLength" if lo > width[0] else "maxLength"
+            raise SchemaError(kw, path, f"combined with a pattern/format, the length-bounded automaton has {e}; "
+                                        "not compiled") from None
+        if not rules:
+            return None
+        self.c.rules.update(rules)
+        return f"{name}_s"
+
+    def _string_body(self, node: dict, path: str):
+        fmt, pattern = node.get("format"), node.get("pattern")
+        if fmt is not None and fmt not in FORMATS:
+            if self.c.options.unknown_formats == "ignore":
+                fmt = None
+            else:
+                raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
+                                                  f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to "
+                                                  "leave it unenforced")
+        if fmt is not None and pattern is not None:
+            raise SchemaError("pattern", path, "pattern together with format is not supported")
+        if fmt is not None:
+            return FORMATS[fmt], rx.width(FORMATS[fmt])
+        if pattern is None:
+            return None, (0, None)
+        try:
+            return rx.translate(pattern, cs.json_class_text, search=True), rx.width(pattern, search=True)
+        except rx.RegexError as e:
+            raise SchemaError("pattern", path, str(e)) from None
+
+    # ---------------------------------------------------------------------------------- numbers
+    def number(self, node: dict, path: str, integer: bool) -> str | None:
+        if "multipleOf" in node:
+            if node["multipleOf"] != 1 or isinstance(node["multipleOf"], bool):
+                raise SchemaError("multipleOf", path, "only multipleOf 1 is supported (other steps are not compiled)")
+            integer = True
+        lo, lo_excl, hi, hi_excl = self._bounds(node, path)
+        if integer:
+            ilo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
+            ihi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
+            text = int_range(ilo, ihi)
+        elif lo is None and hi is None:
+            text = NUMBER_REGEX
+        else:
+            for kw, b in (("minimum", lo), ("maximum", hi)):
+                if b is not None and (not float(b).is_integer() or abs(b) > _MAX_SAFE):
+                    raise SchemaError(kw, path, f"bound {b!r} on a non-integer number: only integer bounds up to "
+                                                "2**53 are compiled exactly")
+            alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
+            return " | ".join(f"/{a}/" for a in alts) or None
+        return None if text is None else f"/{text}/"
+
+    def _bounds(self, node: dict, path: str):
+        """(lo, lo exclusive, hi, hi exclusive) under the draft's syntax (draft 4: boolean exclusives)."""
+        out = []
+        for inc, exc in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+            m, e = node.get(inc), node.get(exc)
+            for kw, v in ((inc, m), (exc, e)):
+                if v is not None and not (isinstance(v, int | float) and math.isfinite(v)) and \
+                        not (self.c.draft <= 4 and kw == exc and isinstance(v, bool)):
+                    raise SchemaError(kw, path, f"must be a finite number, got {v!r}")
+            if self.c.draft <= 4:
+                out += [m, bool(e) and m is not None]
+            elif isinstance(e, bool):
+                raise SchemaError(exc, path, "a boolean is draft 4 syntax; from draft 6 on it must be a number")
+            elif e is None or m is None:
+                out += [m, False] if e is None else [e, True]
+            else:
+                tighter_e = e >= m if inc == "minimum" else e <= m
+                out += [e, True] if tighter_e else [m, False]
+        return tuple(out)

@@ -1,0 +1,97 @@
+"""A regular language intersected with a length range, written as right-linear Lark rules.
+
+Used for a JSON string whose pattern/format is combined with minLength/maxLength: the regex is
+turned into a DFA with interegular, the DFA is multiplied by a length counter (states (q, n)),
+dead pairs are pruned, and each live pair becomes one rule `r_q_n: CLASS r_q'_n+1 | ...` whose
+terminals are single (JSON-encoded) character classes. Exact, and the size is bounded by
+`max_pairs` (refused beyond it).
+"""
+
+from __future__ import annotations
+
+import interegular
+from interegular.fsm import anything_else
+
+from specjax.grammar import _charsets as cs
+
+
+class TooLarge(ValueError):
+    """The product automaton would exceed the size limit."""
+
+
+def fsm_class_text(s: cs.Intervals) -> str:
+    """A character class for interegular, written through its complement when that is smaller
+    (interegular enumerates the characters of a class)."""
+    if s == cs.ANY:
+        return "(?:[^a]|a)"
+    rest = cs.complement(s)
+    if cs.size(rest) < cs.size(s):
+        return "[^" + cs.class_text(rest)[1:] if cs.class_text(rest).startswith("[") else \
+            "[^" + cs.class_text(rest) + "]"
+    return cs.class_text(s)
+
+
+def _symbol_sets(fsm) -> dict:
+    """Characters (as intervals) of each DFA input symbol; `anything_else` is every other character."""
+    explicit, out, with_else = [], {}, set()
+    for symbol, chars in fsm.alphabet.by_transition.items():
+        plain = [c for c in chars if c is not anything_else]
+        out[symbol] = cs.of_chars("".join(plain))
+        explicit.append(out[symbol])
+        if len(plain) < len(chars):
+            with_else.add(symbol)
+    others = cs.complement(cs.union(*explicit))
+    return {k: cs.union(v, others) if k in with_else else v for k, v in out.items()}
+
+
+def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pairs: int = 10000) -> dict[str, str]:
+    """Rules (name → body) for the strings of `regex` (full match) with lo <= length <= hi.
+
+    `regex` must use only classes/literals/groups/alternation/quantifiers (as `translate` writes with
+    `fsm_class_text`). Returns {} when the intersection is empty; the start rule is `{name}_s`.
+    The rule bodies use JSON-encoded character classes (the strings are JSON string contents).
+    """
+    fsm = interegular.parse_pattern(regex).to_fsm().reduce()
+    symbols = _symbol_sets(fsm)
+    cap = hi if hi is not None else lo  # without a maximum the counter saturates at lo
+    # alive[(q, n)]: some accepted string continues from state q having read n (capped) characters.
+    alive: dict[tuple, bool] = {}
+    if hi is None:  # the saturated level loops on itself: plain backward reachability of the finals
+        live = set(fsm.finals)
+        while True:
+            more = {q for q in fsm.states if q not in live and any(t in live for t in fsm.map.get(q, {}).values())}
+            if not more:
+                break
+            live |= more
+        alive.update({(q, cap): q in live for q in fsm.states})
+    for n in range(cap - (hi is None), -1, -1):
+        for q in fsm.states:
+            ok = q in fsm.finals and n >= lo
+            nxt = n + 1 if n < cap else (None if hi is not None else n)
+            if not ok and nxt is not None:
+                ok = any(alive.get((t, nxt), False) for t in fsm.map.get(q, {}).values())
+            alive[(q, n)] = ok
+            if len(alive) > max_pairs * 4:
+                raise TooLarge(f"more than {max_pairs} automaton states")
+    if not alive.get((fsm.initial, 0)):
+        return {}
+    rules: dict[str, str] = {}
+    todo, seen = [(fsm.initial, 0)], {(fsm.initial, 0)}
+    while todo:
+        q, n = todo.pop()
+        nxt = n + 1 if n < cap else (None if hi is not None else n)
+        alts = []
+        if nxt is not None:
+            for symbol, target in sorted(fsm.map.get(q, {}).items(), key=lambda kv: str(kv[0])):
+                if alive.get((target, nxt)) and symbols[symbol]:
+                    alts.append(f"/{cs.json_class_text(symbols[symbol])}/ {name}_{target}_{nxt}")
+                    if (target, nxt) not in seen:
+                        seen.add((target, nxt))
+                        todo.append((target, nxt))
+        if len(seen) > max_pairs:
+            raise TooLarge(f"more than {max_pairs} automaton states")
+        body = " | ".join(alts)
+        final = q in fsm.finals and n >= lo
+        rules[f"{name}_{q}_{n}"] = (f"({body})?" if final else body) if body else ""
+    rules[f"{name}_s"] = f'"\\"" {name}_{fsm.initial}_0 "\\""'
+    return rules

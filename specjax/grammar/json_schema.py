@@ -1,0 +1,275 @@
+"""JSON Schema → Lark grammar front-end.
+
+`json_schema_to_lark(schema)` returns Lark text (start rule `start`) whose language is a subset of
+the JSON texts valid under the schema, and contains the canonical text of every valid value
+(see docs/grammar-json-schema.md for the exact policy):
+
+* output form: compact by default (no whitespace), object properties in the order of the
+  schema's `properties` (optional ones may be skipped; extra properties, where allowed, after
+  them), strings in json.dumps(ensure_ascii=False) form, numbers without exponent when bounded;
+* what cannot be compiled exactly raises `SchemaError` naming the keyword and its JSON pointer;
+* annotation keywords (`ANNOTATIONS`) and keywords no draft defines are ignored, as validators do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from specjax.grammar import _charsets as cs
+from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
+from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
+
+__all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
+
+_DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
+_REFUSAL_WHY = {
+    "patternProperties": "keys matching a pattern would need regex intersection and complement with the other keys",
+    "propertyNames": "key constraints are not compiled",
+    "not": "complement of a context-free language is not a grammar",
+    "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
+    "else": "conditional schemas are not compiled",
+    "contains": "counting matching items is not compiled",
+    "minProperties": "counting properties is not compiled", "maxProperties": "counting properties is not compiled",
+    "uniqueItems": "item uniqueness is not context-free",
+}
+
+
+@dataclass(frozen=True)
+class JsonSchemaOptions:
+    """How the grammar writes JSON.
+
+    Attributes:
+      whitespace: "compact" (none, the default: shortest output, and no whitespace loop for a model
+        to fall into) or "flexible" (JSON whitespace allowed between tokens).
+      max_whitespace: "flexible" only: at most this many whitespace characters per gap; None means
+        unbounded, which lets a model emit whitespace forever and is not recommended.
+      unknown_formats: "refuse" (default) or "ignore" (formats without a regex here are then not
+        enforced, as in a validator without format assertion).
+      strict_objects: True: never generate properties outside `properties` (+ required), even
+        where the schema allows them (narrower than the schema, still sound; xgrammar's default).
+    """
+
+    whitespace: str = "compact"
+    max_whitespace: int | None = 8
+    unknown_formats: str = "refuse"
+    strict_objects: bool = False
+
+    def __post_init__(self):
+        if self.whitespace not in ("compact", "flexible"):
+            raise ValueError(f"whitespace must be 'compact' or 'flexible', got {self.whitespace!r}")
+        if self.unknown_formats not in ("refuse", "ignore"):
+            raise ValueError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
+        if self.max_whitespace is not None and self.max_whitespace < 1:
+            raise ValueError(f"max_whitespace must be >= 1 or None, got {self.max_whitespace}")
+
+
+def json_schema_to_lark(schema: dict | bool, options: JsonSchemaOptions | None = None) -> str:
+    """Compile a JSON Schema (a dict, or True/False) to Lark grammar text with start rule `start`.
+
+    Raises:
+      SchemaError: a keyword that cannot be compiled exactly (message: keyword, JSON pointer, reason).
+    """
+    return _Compiler(schema, options or JsonSchemaOptions()).compile()
+
+
+def draft_of(schema) -> int:
+    """Draft year/number from `$schema` (unknown or absent: 2020-12, as the jsonschema package does)."""
+    uri = schema.get("$schema", "") if isinstance(schema, dict) else ""
+    uri = uri if isinstance(uri, str) else ""
+    if "json-schema.org" in uri:
+        for tag, draft in _DRAFTS:
+            if tag in uri:
+                return draft
+    return 2020
+
+
+class _Compiler:
+    """Walks the schema, writing one Lark rule per schema location (memoized: $ref cycles recurse)."""
+
+    def __init__(self, root, options: JsonSchemaOptions):
+        self.root, self.options = root, options
+        self.draft = draft_of(root)
+        if self.draft == 3:
+            raise SchemaError("$schema", "#", "draft-03 is not supported (drafts 4, 6, 7, 2019-09, 2020-12 are)")
+        self.rules: dict[str, str] = {}
+        self.names: dict[str, str] = {}
+        ws = options.whitespace == "flexible"
+        n = options.max_whitespace
+        self.ws = (" WS?" if ws else "")
+        self.ws_terminal = (f"WS: /[ \\t\\n\\r]{{1,{n}}}/" if n else "WS: /[ \\t\\n\\r]+/") if ws else ""
+        self.types = TypeEmitter(self)
+        self.has_refs = '"$ref"' in json.dumps(root)
+
+    # ------------------------------------------------------------------------------------- output
+    def compile(self) -> str:
+        top = self.rule(self.root, "#")
+        lines = [f"start:{self.ws} {top}{self.ws}"]
+        lines += [f"{name}: {body}" for name, body in self.rules.items()]
+        if self.ws_terminal:
+            lines.append(self.ws_terminal)
+        return "\n".join(lines) + "\n"
+
+    def rule(self, node, path: str, key: str | None = None) -> str:
+        """Name of the rule for the schema at `path` (created on first use; cycles refer back to it).
+
+        `key` (default: `path`) identifies the schema for memoization when a node is derived from
+        the one at `path` (an anyOf branch merged with its siblings).
+        """
+        key = path if key is None else key
+        if key in self.names:
+            return self.names[key]
+        if node is True or node == {}:
+            return self.any_value()
+        rules_before, names_before = list(self.rules), dict(self.names)
+        name = self.names[key] = self._new_name(path)
+        self.rules[name] = ""  # reserve: a $ref cycle reaching this path uses the name
+        try:
+            self.rules[name] = self.expr(node, path)
+        except SchemaError:  # roll back rules made meanwhile: they may refer to this one
+            for added in list(self.rules)[len(rules_before):]:
+                del self.rules[added]
+            self.names = names_before
+            raise
+        return name
+
+    def rule_text(self, path: str, body: str) -> str:
+        """A new helper rule with a given body (object member chains)."""
+        name = self._new_name(path)
+        self.rules[name] = body
+        return name
+
+    def _new_name(self, path: str) -> str:
+        base = "s_" + re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")
+        base = base if base != "s_" else "s_root"
+        name, k = base, 1
+        while name in self.rules:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
+    def any_value(self) -> str:
+        """Rules for an unconstrained JSON value (schema `true` or `{}`)."""
+        if "any_value" not in self.rules:
+            w, char = self.ws, cs.json_class_text(cs.ANY)
+            string, number = f"/{cs.QUOTE}{char}*{cs.QUOTE}/", f"/{NUMBER_REGEX}/"
+            self.rules["any_value"] = f'any_object | any_array | {string} | {number} | "true" | "false" | "null"'
+            self.rules["any_object"] = (f'"{{"{w} (any_pair ({w} ","{w} any_pair)*)?{w} "}}"')
+            self.rules["any_pair"] = f'{string}{w} ":"{w} any_value'
+            self.rules["any_array"] = f'"["{w} (any_value ({w} ","{w} any_value)*)?{w} "]"'
+        return "any_value"
+
+    # ----------------------------------------------------------------------------------- schemas
+    def expr(self, node, path: str) -> str:
+        """Lark expression for the schema `node` at `path`."""
+        if node is True or node == {}:
+            return self.any_value()
+        if node is False:
+            raise EmptySchemaError("false", path, "schema false matches nothing (empty language)")
+        if not isinstance(node, dict):
+            raise SchemaError("(schema)", path, f"a schema must be an object or boolean, got {type(node).__name__}")
+        if "$ref" in node and (self.draft <= 7 or all(k in logic.ANNOTATIONS for k in node if k != "$ref")):
+            # A plain reference (draft <= 7 ignores its siblings): refer to the target's own rule, so
+            # recursive schemas become recursive rules.
+            target, target_path = self.resolve(node["$ref"], path)
+            if target is False:
+                raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
+            return self.rule(target, target_path)
+        node, path = self.flatten(node, path)
+        for kw in ("anyOf", "oneOf"):
+            if kw in node:
+                return self.alternatives(node, kw, path)
+        return self.types.typed(node, path)
+
+    def flatten(self, node: dict, path: str, depth: int = 0) -> tuple[dict, str]:
+        """Resolve $ref and allOf into one schema dict (refusing what does not merge exactly)."""
+        if depth > 32:
+            raise SchemaError("$ref", path, "$ref/allOf chain deeper than 32 without structure (cyclic?)")
+        self.refuse_unsupported(node, path)
+        if "$ref" in node:
+            target, target_path = self.resolve(node["$ref"], path)
+            siblings = {k: v for k, v in node.items() if k != "$ref"}
+            if self.draft <= 7 or all(k in logic.ANNOTATIONS for k in siblings):
+                if target is False:
+                    raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema "
+                                                         "(empty language)")
+                if not isinstance(target, dict):
+                    return {}, target_path
+                return self.flatten(target, target_path, depth + 1)
+            node = {"allOf": [target, siblings]}
+        if "allOf" in node:
+            merged = {k: v for k, v in node.items() if k != "allOf"}
+            for i, branch in enumerate(node["allOf"]):
+                if branch is True:
+                    continue
+                if not isinstance(branch, dict):
+                    raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing "
+                                                                         "(empty language)")
+                flat, _ = self.flatten(branch, f"{path}/allOf/{i}", depth + 1)
+                merged = logic.merge(merged, flat, path)
+            return self.flatten(merged, path, depth + 1) if "allOf" in merged or "$ref" in merged else (merged, path)
+        return node, path
+
+    def refuse_unsupported(self, node: dict, path: str) -> None:
+        for kw in node:
+            if kw in logic.REFUSED:
+                raise SchemaError(kw, path, _REFUSAL_WHY.get(kw, "not supported by the grammar front-end"))
+            if kw == "$id" and path != "#" and isinstance(node[kw], str) and self.has_refs:
+                raise SchemaError("$id", path, "a nested $id changes how $ref resolves; not supported")
+
+    def resolve(self, ref, path: str):
+        """Target schema and JSON pointer of a local `$ref`."""
+        if not isinstance(ref, str) or not ref.startswith("#") or (len(ref) > 1 and ref[1] != "/"):
+            raise SchemaError("$ref", path, f"only local JSON-pointer references (#/...) are supported, got {ref!r}")
+        node = self.root
+        for part in ref[2:].split("/") if len(ref) > 1 else []:
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            try:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            except (KeyError, IndexError, ValueError, TypeError):
+                raise SchemaError("$ref", path, f"target {ref!r} does not exist") from None
+        return node, "#" + ref[1:]
+
+    def alternatives(self, node: dict, kw: str, path: str) -> str:
+        """anyOf (union) or oneOf (union of provably disjoint branches); siblings distribute into each."""
+        branches = node[kw]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError(kw, path, "must be a non-empty array of schemas")
+        rest = {k: v for k, v in node.items() if k != kw}
+        other = "oneOf" if kw == "anyOf" else "anyOf"
+        if other in rest:
+            raise SchemaError(other, path, "anyOf and oneOf in one schema are not supported")
+        flats, names = [], []
+        for i, branch in enumerate(branches):
+            bpath = f"{path}/{kw}/{i}"
+            if branch is True:
+                branch = {}
+            elif not isinstance(branch, dict):
+                continue  # a false branch contributes nothing to a union
+            try:
+                flat, fpath = self.flatten(branch, bpath)
+                if rest:  # siblings distribute into each branch: a derived schema, memoized apart from it
+                    flats.append((logic.merge(rest, flat, bpath), bpath, f"{bpath} & siblings"))
+                else:
+                    flats.append((flat, fpath, fpath))
+            except EmptySchemaError:
+                continue  # a branch nothing satisfies adds nothing to the union
+        if kw == "oneOf":
+            for i in range(len(flats)):
+                for j in range(i + 1, len(flats)):
+                    if not logic.disjoint(flats[i][0], flats[j][0], path):
+                        raise SchemaError("oneOf", path, f"branches {i} and {j} may both match an instance; "
+                                                         "only provably disjoint branches (types, const/enum, "
+                                                         "required discriminator) are supported")
+        if not flats:
+            raise EmptySchemaError(kw, path, "no branch can match (empty language)")
+        for flat, fpath, key in flats:
+            try:
+                names.append(self.rule(flat, fpath, key))
+            except EmptySchemaError:
+                continue  # a branch nothing satisfies adds nothing to the union
+        if not names:
+            raise EmptySchemaError(kw, path, "no branch can match (empty language)")
+        return " | ".join(names)

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from lark.load_grammar import load_grammar
+
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
@@ -87,6 +89,21 @@ def draft_of(schema) -> int:
     return 2020
 
 
+def _productive(text: str) -> bool:
+    """Whether the grammar's start rule derives some finite string (lark's own grammar loader, BNF)."""
+    grammar, _ = load_grammar(text, "<json-schema>", [], False)
+    _, rules, _ = grammar.compile(["start"], set())
+    done: set[str] = set()
+    changed = True
+    while changed and "start" not in done:
+        changed = False
+        for rule in rules:
+            if rule.origin.name not in done and all(s.is_term or s.name in done for s in rule.expansion):
+                done.add(rule.origin.name)
+                changed = True
+    return "start" in done
+
+
 class _Compiler:
     """Walks the schema, writing one Lark rule per schema location (memoized: $ref cycles recurse)."""
 
@@ -111,7 +128,11 @@ class _Compiler:
         lines += [f"{name}: {body}" for name, body in self.rules.items()]
         if self.ws_terminal:
             lines.append(self.ws_terminal)
-        return "\n".join(lines) + "\n"
+        text = "\n".join(lines) + "\n"
+        if self.has_refs and not _productive(text):
+            raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
+                                                "references (empty language)")
+        return text
 
     def rule(self, node, path: str, key: str | None = None) -> str:
         """Name of the rule for the schema at `path` (created on first use; cycles refer back to it).

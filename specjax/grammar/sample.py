@@ -49,6 +49,7 @@ class LarkSampler:
         return height
 
     def sample(self, rng: random.Random, start: str = "start") -> str:
+        """One random string derived from rule `start`."""
         out: list[str] = []
         self._expand(start, rng, 0, out)
         return "".join(out)

@@ -232,6 +232,8 @@ def test_draft_detection_matches_jsonschema():
     ({"enum": [{"a": 1}], "properties": {}}, "properties", "#", "cannot be combined with enum"),
     ({"enum": ["x"], "format": "hostname"}, "format", "#", "cannot be combined with enum"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "type", "#", "empty language"),
+    ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, "$ref", "#",
+     "recurse forever"),
 ])
 def test_refusals_name_keyword_and_path(schema, keyword, path, why):
     with pytest.raises(SchemaError) as info:

@@ -68,7 +68,8 @@ class GrammarSpec:
         """Reads a .lark grammar or a JSON Schema file (UTF-8)."""
         p = Path(path).expanduser()
         if not p.is_file():
-            raise GrammarSpecError(f"{kind}={path!r}: no such file")
+            option = "grammar" if kind == "lark" else kind  # as the CLI option is named
+            raise GrammarSpecError(f"{option}={path!r}: no such file")
         return cls(kind=kind, source=p.read_text(encoding="utf-8"), origin=str(p), **options)
 
     @property

@@ -45,7 +45,7 @@ class JsonByteTokenizer:
 
 TOK = JsonByteTokenizer()
 SCHEMA = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 6},
+    "name": {"enum": ["ann", "bo", "cy"]},
     "ok": {"type": "boolean"},
     "n": {"type": "integer", "minimum": 0, "maximum": 999},
     "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 2}},

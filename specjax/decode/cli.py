@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.sampling import SamplingConfig, SamplingError
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
@@ -22,8 +23,8 @@ from specjax.models.tokenizer import TokenizerError
 DEFAULT_PROMPT = "The three most important ideas in computer science are"
 
 # Errors that are the user's input, reported as one line without a traceback.
-USER_ERRORS = (ConfigError, GenerationError, ModelFileError, SamplingError, ShardingError, TokenizerError,
-               WeightsError, FileNotFoundError)
+USER_ERRORS = (ConfigError, GenerationError, GrammarSpecError, ModelFileError, SamplingError, ShardingError,
+               TokenizerError, WeightsError, FileNotFoundError)
 
 
 class OptionError(ValueError):
@@ -64,6 +65,13 @@ class DecodeOptions:
     mesh_model: int = 1
     output: str | None = None
     quiet: bool = False
+    grammar: str | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    grammar_start: str = "start"
+    grammar_max_depth: int = 3
+    json_whitespace: str = "compact"
+    json_max_whitespace: int = 8
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -98,11 +106,27 @@ def collect_prompts(opts: DecodeOptions) -> list[str]:
     return [DEFAULT_PROMPT if opts.prompt is None else str(opts.prompt)]
 
 
+def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
+    """The constraint given by grammar= (a .lark file), json_schema= (a .json file) or regex= (a pattern)."""
+    given = {k: v for k, v in (("grammar", opts.grammar), ("json_schema", opts.json_schema), ("regex", opts.regex))
+             if v is not None}
+    if len(given) > 1:
+        raise OptionError(f"give at most one of grammar=, json_schema=, regex= (got {', '.join(given)})")
+    if not given:
+        return None
+    (key, value), = given.items()
+    options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
+               "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace}
+    if key == "regex":
+        return GrammarSpec("regex", str(value), **options)
+    return GrammarSpec.from_file("lark" if key == "grammar" else "json_schema", str(value), **options)
+
+
 def generate_config(opts: DecodeOptions) -> GenerateConfig:
     sampling = SamplingConfig(temperature=float(opts.temperature), top_k=opts.top_k, top_p=float(opts.top_p),
                               seed=opts.seed)
     return GenerateConfig(max_new_tokens=opts.max_new_tokens, sampling=sampling, stop=tuple(opts.stop),
-                          batch_size=opts.batch_size, chat=opts.chat)
+                          batch_size=opts.batch_size, chat=opts.chat, grammar=grammar_spec(opts))
 
 
 SPEC_METHODS = ("none", "ngram", "layerskip", "draft", "medusa", "eagle")

@@ -13,7 +13,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from specjax.decode import loop
+from specjax.decode import constrain, loop
+from specjax.decode.grammar_spec import GrammarSpec, compile_spec
 from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
@@ -23,7 +24,8 @@ from specjax.models.transformer import Transformer
 if TYPE_CHECKING:
     from specjax.models.tokenizer import Tokenizer
 
-FINISH_REASONS = {loop.REASON_LENGTH: "length", loop.REASON_EOS: "eos", loop.REASON_STOP: "stop"}
+FINISH_REASONS = {loop.REASON_LENGTH: "length", loop.REASON_EOS: "eos", loop.REASON_STOP: "stop",
+                  loop.REASON_GRAMMAR: "grammar"}
 
 
 class GenerationError(ValueError):
@@ -42,6 +44,10 @@ class GenerateConfig:
       batch_size: rows per device program; a partial last batch is padded (no recompile).
       chat: wrap each prompt in the model's chat template (Gemma turn markers).
       ignore_eos: keep generating past EOS (benchmarks with a fixed length).
+      grammar: constrain every output to a grammar (`GrammarSpec`: Lark, JSON Schema or regex), or one
+        spec per prompt (a tuple as long as the prompt list; rows of a batch may differ). A row ends
+        with finish_reason "grammar" once its text is a complete sentence that nothing can extend
+        (the grammar allows only EOS), with "eos" when the model chose EOS where the grammar allowed it.
     """
 
     max_new_tokens: int = 128
@@ -50,12 +56,27 @@ class GenerateConfig:
     batch_size: int = 1
     chat: bool = False
     ignore_eos: bool = False
+    grammar: GrammarSpec | tuple[GrammarSpec, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise GenerationError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        specs = self.grammar if isinstance(self.grammar, tuple) else (self.grammar,)
+        if self.grammar is not None and not all(isinstance(g, GrammarSpec) for g in specs):
+            raise GenerationError("grammar must be a GrammarSpec or a tuple of them (one per prompt)")
+
+    def row_grammars(self, n_prompts: int) -> list[GrammarSpec] | None:
+        """The grammar of each of the first n_prompts prompts, or None when generation is unconstrained."""
+        if self.grammar is None:
+            return None
+        if not isinstance(self.grammar, tuple):
+            return [self.grammar] * n_prompts
+        if len(self.grammar) < n_prompts:
+            raise GenerationError(f"{len(self.grammar)} grammars given for {n_prompts} prompts (one per prompt, "
+                                  "or a single GrammarSpec for all)")
+        return list(self.grammar[:n_prompts])
 
 
 @dataclasses.dataclass
@@ -63,7 +84,7 @@ class Completion:
     prompt: str
     text: str
     tokens: list[int]
-    finish_reason: str  # "eos", "stop" or "length"
+    finish_reason: str  # "eos", "stop", "length" or "grammar" (complete, only EOS could follow)
 
 
 @dataclasses.dataclass
@@ -146,6 +167,7 @@ class Generator:
             self.model = nnx.merge(self.graphdef, self.params)
         self._cache = None
         self._stops: dict[tuple[str, ...], StopTables | None] = {}
+        self._grammars: dict[GrammarSpec, object] = {}  # spec -> GrammarTables (compiled once per process)
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
 
     def encode(self, prompts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -157,6 +179,23 @@ class Generator:
         if stop not in self._stops:
             self._stops[stop] = build_stop_tables(stop, self.tokenizer.token_bytes())
         return self._stops[stop]
+
+    def _grammar_tables(self, spec: GrammarSpec, progress):
+        if spec not in self._grammars:
+            progress(f"compiling grammar {spec.where} (cached on disk)")
+            tables = compile_spec(spec, self.tokenizer, tuple(self.model.cfg.eos_ids))
+            if tables.vocab_size != self.model.cfg.vocab_size:
+                raise GenerationError(f"grammar {spec.where}: the tokenizer has {tables.vocab_size} tokens but the "
+                                      f"model's vocabulary has {self.model.cfg.vocab_size}")
+            self._grammars[spec] = tables
+        return self._grammars[spec]
+
+    def _batch_grammar(self, specs: list[GrammarSpec] | None, batch: int):
+        """The program's grammar argument for one chunk's row specs (None: unconstrained)."""
+        if specs is None:
+            return None
+        distinct = list(dict.fromkeys(specs))
+        return constrain.prepare([self._grammars[g] for g in distinct], [distinct.index(g) for g in specs], batch)
 
     def _take_cache(self, batch: int, slots: int):
         c = self._cache
@@ -188,7 +227,14 @@ class Generator:
             if not p:
                 raise GenerationError(f"prompt {i} is empty after tokenization (nothing to condition on)")
         stops = self._stop_tables(cfg.stop)
+        if isinstance(cfg.grammar, tuple) and len(cfg.grammar) != len(prompts):
+            raise GenerationError(f"{len(cfg.grammar)} grammars given for {len(prompts)} prompts (one per prompt, "
+                                  "or a single GrammarSpec for all)")
         stats = Stats(prompts=len(prompts))
+        t_grammar = time.perf_counter()
+        for spec in dict.fromkeys(cfg.row_grammars(len(prompts)) or ()):
+            self._grammar_tables(spec, progress)
+        stats.compile_s += time.perf_counter() - t_grammar  # one-off, like compiling the programs
         completions: list[Completion] = []
         for start in range(0, len(ids), cfg.batch_size):
             chunk = ids[start:start + cfg.batch_size]
@@ -224,11 +270,15 @@ class Generator:
         static = {"sampling": SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
                                              top_p=1.0 if s.top_p >= 1.0 else 0.5),
                   "n_out": n_out, "eos_ids": () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)}
-        key = (b, t, *static.values(), None if stops is None else stops.next_state.shape)
+        # The chunk starts at prompt `seed_offset` (its seeds are offset by its position too).
+        specs = cfg.row_grammars(seed_offset + len(chunk))
+        grammar = self._batch_grammar(None if specs is None else specs[seed_offset:], b)
+        key = (b, t, *static.values(), None if stops is None else stops.next_state.shape,
+               None if grammar is None else (grammar.tables.trans_sb.shape, grammar.tables.mask_rw.shape))
         cache = self._take_cache(b, t + n_out + extra_slots)
         args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
                 jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
-                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops)
+                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops, grammar)
         if self.mesh_plan is not None:
             args = self.mesh_plan.place_args(args, b)
         return key, args, static
@@ -270,7 +320,7 @@ class Generator:
         out_bn, count_b, reason_b, _ = out
         toks = [int(x) for x in out_bn[j, :count_b[j]]]
         reason = FINISH_REASONS[int(reason_b[j])]
-        if reason == "eos":
+        if reason == "eos":  # a "grammar" finish ends on a real token of the text
             toks = toks[:-1]
         text = self.tokenizer.decode(toks)
         if reason == "stop":

@@ -15,11 +15,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.models.kv_cache import KVCache
 
-REASON_LENGTH, REASON_EOS, REASON_STOP = 0, 1, 2
+# REASON_GRAMMAR: the row's grammar reached a state where only EOS may follow (its sentence is complete).
+REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
 
 
 @struct.dataclass
@@ -37,6 +39,7 @@ class DecodeState:
     stop_bn: jax.Array
     key: jax.Array
     steps: jax.Array
+    gram_b: jax.Array | None = None  # each row's grammar state (constrained decoding), else None
 
 
 class FirstTokenClock:
@@ -57,8 +60,12 @@ class FirstTokenClock:
 CLOCK = FirstTokenClock()
 
 
-def _emit(state: DecodeState, tok_b, active_b, max_new, eos_ids, stop_tables) -> DecodeState:
-    """Appends one token per active row and updates the stopping conditions."""
+def _emit(state, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
+    """Appends one token per active row and updates the stopping conditions.
+
+    With a grammar (`constrain.BatchGrammar`), active rows advance their state `gram_b` by the token,
+    and a row whose state then allows only EOS finishes (REASON_GRAMMAR) without spending a step on it.
+    """
     b = tok_b.shape[0]
     # Inactive rows aim past the end of the buffer, and mode="drop" discards those writes.
     column_b = jnp.where(active_b, state.count_b, state.out_bn.shape[1])
@@ -72,7 +79,13 @@ def _emit(state: DecodeState, tok_b, active_b, max_new, eos_ids, stop_tables) ->
         new_stop_bn, hit_b = stops_lib.advance(stop_tables, state.stop_bn, tok_b)
         stop_bn = jnp.where(active_b[:, None], new_stop_bn, state.stop_bn)
         reason_b = jnp.where(active_b & hit_b & ~is_eos, REASON_STOP, reason_b)
-    done_b = state.done_b | (active_b & (is_eos | hit_b | (count_b >= max_new)))
+    complete_b = jnp.zeros_like(active_b)
+    if grammar is not None:
+        gram_b, complete_b = constrain.step(grammar, state.gram_b, tok_b, active_b)
+        complete_b = complete_b & ~is_eos & ~hit_b
+        reason_b = jnp.where(complete_b, REASON_GRAMMAR, reason_b)
+        state = state.replace(gram_b=gram_b)
+    done_b = state.done_b | (active_b & (is_eos | hit_b | complete_b | (count_b >= max_new)))
     return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b, stop_bn=stop_bn)
 
 
@@ -89,6 +102,7 @@ def generate_program(
     temperature: jax.Array,
     top_p: jax.Array,
     stop_tables: stops_lib.StopTables | None,
+    grammar: constrain.BatchGrammar | None = None,
     *,
     sampling: SamplingConfig,
     n_out: int,
@@ -104,6 +118,8 @@ def generate_program(
       max_new: new-token limit (traced scalar <= n_out).
       key, temperature, top_p: sampling inputs (traced; the mode is the static `sampling`).
       stop_tables: compiled stop strings or None.
+      grammar: the rows' grammars and initial states (`constrain.prepare`), or None for free text
+        (static: None compiles the program without any grammar code).
 
     Returns:
       (DecodeState after the loop, its cache being the donated buffer updated in place).
@@ -126,6 +142,7 @@ def generate_program(
         stop_bn=jnp.zeros((b, n_stop), jnp.int32),
         key=key,
         steps=jnp.zeros((), jnp.int32),
+        gram_b=None if grammar is None else grammar.state_b,
     )
 
     def cond(s: DecodeState):
@@ -137,11 +154,14 @@ def generate_program(
         # fused one-row product (quant.py): a loop boundary is opaque to XLA fusion.
         active_b = ~s.done_b
         key, sub = jax.random.split(s.key)
-        tok_b = sample(model.logits(s.hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
+        logits_bv = model.logits(s.hidden_b1d, live=s.steps)[:, 0]
+        if grammar is not None:
+            logits_bv = constrain.mask(grammar, s.gram_b, logits_bv)
+        tok_b = sample(logits_bv, sub, sampling, temperature, top_p)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
         jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
-        s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables)
+        s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables, grammar)
         # One forward after the last token is wasted; skipping it would need a cond around
         # the cache update, which costs more than it saves.
         hidden_b1d, cache = model(tok_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)

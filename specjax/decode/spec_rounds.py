@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.decode import loop
+from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
 from specjax.decode.drafters import Observation
 from specjax.decode.generate import GenerationError
@@ -69,6 +69,8 @@ class SpecState:
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
     sampling (static), temperature and top_p are the loop's token selection, so that a sampling
     drafter can filter its q exactly like the target's p (`draft_chain.DraftSampling`).
+
+    gram_b: each row's grammar state after its committed tokens (constrained decoding), else None.
     """
 
     cache: KVCache
@@ -97,14 +99,16 @@ class SpecState:
     sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
     temperature: jax.Array | float = 1.0
     top_p: jax.Array | float = 1.0
+    gram_b: jax.Array | None = None
 
     @property
     def hist_len_b(self) -> jax.Array:
         return self.pos_b + 1
 
 
-def commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecState:
-    """Emits tokens_bt[b, :n_b[b]] per live row, stopping a row at EOS / stop / length.
+def commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables, grammar=None) -> SpecState:
+    """Emits tokens_bt[b, :n_b[b]] per live row, stopping a row at EOS / stop / length (/ a complete
+    grammar sentence; the grammar state follows the emitted tokens only).
 
     A static loop over the block with masks: `_emit` marks a row done on the token that
     ends it, and later tokens of the block are then masked out — which is how an EOS
@@ -118,7 +122,7 @@ def commit(s: SpecState, tokens_bt, n_b, max_new, eos_ids, stop_tables) -> SpecS
         # Token i of the round sits at position pos + 1 + i of the history.
         col_b = jnp.where(emit_b, s.pos_b + 1 + i, s.hist_bl.shape[1])
         s = s.replace(hist_bl=s.hist_bl.at[jnp.arange(b), col_b].set(tokens_bt[:, i], mode="drop"))
-        s = loop._emit(s, tokens_bt[:, i], emit_b, max_new, eos_ids, stop_tables)
+        s = loop._emit(s, tokens_bt[:, i], emit_b, max_new, eos_ids, stop_tables, grammar)
     emitted_b = s.count_b - count0_b
     last_b = jnp.take_along_axis(tokens_bt, jnp.maximum(emitted_b - 1, 0)[:, None], axis=1)[:, 0]
     return s.replace(pos_b=s.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, s.last_b))
@@ -176,21 +180,32 @@ def check_draft(draft, drafter, b: int, k: int, vocab: int) -> None:
 
 
 def make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
-              stop_tables, adapt: Adaptive | None):
-    """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain)."""
+              stop_tables, adapt: Adaptive | None, grammar: constrain.BatchGrammar | None = None):
+    """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain).
+
+    With a grammar, a chain draft is cut before its first token the grammar refuses, and the target's
+    logits are masked at every block position with the state the drafts before it reach
+    (`constrain.draft_states`; per node from its parent's state for trees): verification then
+    compares against (greedy) or corrects towards (sampling) the masked target distribution, exactly
+    what plain constrained decoding samples from.
+    """
+
+    def masked_logits(hidden_btd, state_bt):
+        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
+        return logits_btv if grammar is None else constrain.mask_block(grammar, state_bt, logits_btv)
 
     def ema(old_b, new_b, where_b):
         w = adapt.ema_weight if adapt is not None else 0.3
         return jnp.where(where_b, (1 - w) * old_b + w * new_b.astype(jnp.float32), old_b)
 
-    def verify_chain(s: SpecState, draft, key):
+    def verify_chain(s: SpecState, draft, key, state_bt):
         """Chain round: causal block at consecutive positions; nothing to compact."""
         block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
         positions_bt = s.pos_b[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None, :]
         # Finished rows still ride along (static shapes); their writes land on slots they
         # will never read, within the cache because their pos_b stopped advancing.
         hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
-        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
+        logits_btv = masked_logits(hidden_btd, state_bt)
         if sampling.greedy:
             accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
         else:
@@ -198,14 +213,14 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
                                                     sampling.top_k, static_top_p, draft.q_probs_bkv)
         return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b
 
-    def verify_tree(s: SpecState, draft, key):
+    def verify_tree(s: SpecState, draft, key, state_bt):
         """Tree round: ancestor mask, positions by depth, then the accepted path compacted into place."""
         anc_bkk = tree_lib.ancestor_mask(draft.parent_bk)
         depth_bk = tree_lib.depths(anc_bkk)
         block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
         positions_bt = tree_lib.block_positions(s.pos_b, depth_bk)
         hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b, tree_lib.block_mask(anc_bkk))
-        logits_btv = model.logits(hidden_btd)
+        logits_btv = masked_logits(hidden_btd, state_bt)
         if sampling.greedy:
             accepted_b, tokens_bt, path_bk = tree_greedy_verify(logits_btv, draft.tokens_bk, draft.parent_bk,
                                                                 draft.len_b)
@@ -222,11 +237,11 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         hidden_btd = jnp.take_along_axis(hidden_btd, tree_lib.path_rows(path_bk, accepted_b)[..., None], axis=1)
         return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b)
 
-    def spec_round(s: SpecState, draft) -> SpecState:
+    def spec_round(s: SpecState, draft, state_bt) -> SpecState:
         live_b = ~s.done_b
         key, sub = jax.random.split(s.key)
         verify = verify_chain if draft.parent_bk is None else verify_tree
-        cache, accepted_b, tokens_bt, hidden_btd, reach_b = verify(s, draft, sub)
+        cache, accepted_b, tokens_bt, hidden_btd, reach_b = verify(s, draft, sub, state_bt)
         i_k = jnp.arange(k)[None, :]
         live_b1 = live_b[:, None]
         s = s.replace(
@@ -239,10 +254,10 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
             accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
             shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
         )
-        s_new = commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables)
+        s_new = commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables, grammar)
         return observe(drafter, model, draft_params, s, s_new, tokens_bt, hidden_btd)
 
-    def plain_round(s: SpecState, draft) -> SpecState:
+    def plain_round(s: SpecState, draft, state_bt) -> SpecState:
         live_b = ~s.done_b
         hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         # The barrier keeps the final norm out of the one-row int8 head's fused product (as the
@@ -250,7 +265,10 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         # copy from being hoisted out of the loop (quant.py).
         hidden_b1d = jax.lax.optimization_barrier(hidden_b1d)
         key, sub = jax.random.split(s.key)
-        tok_b = sample(model.logits(hidden_b1d, live=s.steps)[:, 0], sub, sampling, temperature, top_p)
+        logits_bv = model.logits(hidden_b1d, live=s.steps)[:, 0]
+        if grammar is not None:
+            logits_bv = constrain.mask(grammar, s.gram_b, logits_bv)
+        tok_b = sample(logits_bv, sub, sampling, temperature, top_p)
         s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
         s = s.replace(
             cache=cache, key=key, steps=s.steps + 1,
@@ -258,17 +276,21 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
             plain_rounds_b=s.plain_rounds_b + live_b.astype(jnp.int32),
             accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b),
         )
-        s_new = commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables)
+        s_new = commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables, grammar)
         return observe(drafter, model, draft_params, s, s_new, tok_b[:, None], hidden_b1d)
 
     def body(s: SpecState) -> SpecState:
         draft, draft_state = drafter.propose(model, draft_params, s, k)
         check_draft(draft, drafter, s.last_b.shape[0], k, model.cfg.vocab_size)
         s = s.replace(draft_state=draft_state)
+        state_bt = None
+        if grammar is not None:
+            state_bt, len_b = constrain.draft_states(grammar, s.gram_b, draft.tokens_bk, draft.len_b, draft.parent_bk)
+            draft = draft.replace(len_b=len_b)
         if adapt is None:
-            return spec_round(s, draft)
+            return spec_round(s, draft, state_bt)
         # Capped at 3/4 of k, so that a short draft length can still qualify.
         want_b = ~s.done_b & (draft.len_b > 0) & (s.accept_ema_b >= min(adapt.min_expected_accept, 0.75 * k))
-        return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft)
+        return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft, state_bt)
 
     return body

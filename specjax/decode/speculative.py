@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.decode import loop
+from specjax.decode import constrain, loop
 from specjax.decode import stops as stops_lib
 from specjax.decode.drafters import Drafter, Prefill
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
@@ -58,6 +58,7 @@ def speculative_program(
     temperature: jax.Array,
     top_p: jax.Array,
     stop_tables: stops_lib.StopTables | None,
+    grammar: constrain.BatchGrammar | None = None,
     draft_params=(),
     *,
     sampling: SamplingConfig,
@@ -69,11 +70,12 @@ def speculative_program(
 ) -> SpecState:
     """Prefills right-padded prompts, then runs speculative rounds until every row is done.
 
-    Arguments are those of `loop.generate_program`, plus the drafter's weights `draft_params`
-    (any pytree, () for none), the static draft length k (>= 1) and drafter, and the static
-    adaptive policy (None: every round speculates; see
-    `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's last round may write
-    drafted positions up to k past its final token (written, never committed).
+    Arguments are those of `loop.generate_program` (the rows' grammars `grammar` included: chain
+    drafts are cut at their first refused token and every block position is masked, see
+    `spec_rounds.make_body`), plus the drafter's weights `draft_params` (any pytree, () for none),
+    the static draft length k (>= 1) and drafter, and the static adaptive policy (None: every
+    round speculates; see `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's
+    last round may write drafted positions up to k past its final token (written, never committed).
 
     Returns:
       SpecState after the loop (its cache is the donated buffer, updated in place).
@@ -85,7 +87,10 @@ def speculative_program(
     last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
     key, sub = jax.random.split(key)
     # The first token comes from the prefill, exactly as in the plain loop.
-    first_b = sample(model.logits(last_hidden_b1d)[:, 0], sub, sampling, temperature, top_p)
+    first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
+    if grammar is not None:
+        first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
+    first_b = sample(first_logits_bv, sub, sampling, temperature, top_p)
     jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
     n_stop = 0 if stop_tables is None else stop_tables.count
@@ -117,15 +122,16 @@ def speculative_program(
         draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
                                                               first_b=first_b, num_slots=cache.num_slots)),
         sampling=sampling, temperature=temperature, top_p=top_p,
+        gram_b=None if grammar is None else grammar.state_b,
     )
-    state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables)
+    state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables, grammar)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
 
     def cond(s: SpecState):
         return ~jnp.all(s.done_b)
 
     body = make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
-                     stop_tables, adapt)
+                     stop_tables, adapt, grammar)
     return jax.lax.while_loop(cond, body, state)
 
 

@@ -1,0 +1,329 @@
+"""benchmarks/grammar.py — grammar engine cost on the Gemma 3 vocabulary (262,144 tokens), specjax vs peers.
+
+Per grammar (generic JSON, the product JSON Schema, SQL subset and arithmetic of
+../shared/bench/grammar_peers.py, lark's own python.lark, and a fixed sample of JSONSchemaBench schemas):
+
+* compile time: cold (disk cache off) and from the disk cache, p50 / p95 over repetitions and schemas;
+* per-token mask + advance: specjax runs a jitted `lax.scan` over a real token path whose every step
+  gathers the state's packed mask row (the same [ceil(V/32)] uint32 bitmask peers fill), checks the path's
+  token against it and advances the state; the path's time / its length is one per-path mean. Percentiles
+  are over per-path means (several sampled paths per grammar, one per schema), each the median of a few
+  calls. Peers (xgrammar, llguidance) are timed per token on the host with their own matchers along the
+  same paths (fill bitmask + accept token, as grammar_peers.py does);
+* applying the mask in-graph: masked argmax over [1, V] float32 logits vs the plain argmax (µs/token);
+* table memory: grammar tables (transitions, acceptance, mask rows) and the vocabulary tables shared by all
+  grammars of a tokenizer.
+
+    python benchmarks/grammar.py                      # all grammars, 12 schemas, xgrammar + llguidance
+    python benchmarks/grammar.py --schemas 4 --paths 3 --peers none --json /tmp/grammar.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+sys.path.insert(0, str(SHARED / "bench"))
+os.environ.setdefault("PEERS_CACHE", "/tmp/grammar-peers")
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs, np.float64), q)) if len(xs) else float("nan")
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------- workloads
+def workloads(n_schemas: int, n_paths: int, tokenizer):
+    """[(name, lark text, max_depth, [token paths], peer source)]; peer source for xgrammar / llguidance."""
+    import grammar_peers as gp
+    import lark
+
+    from specjax.grammar.json_schema import JsonSchemaOptions, json_schema_to_lark
+    from specjax.grammar.sample import LarkSampler
+
+    flexible = JsonSchemaOptions(whitespace="flexible")
+    eos = tokenizer.eos_ids[0]
+    rng = random.Random(0)
+
+    def paths(text, docs, depth):
+        sampler = LarkSampler(text, max_depth=depth)
+        out = [d for d in docs]
+        for _ in range(200):
+            if len(out) >= n_paths:
+                break
+            s = sampler.sample(rng)
+            if 8 <= len(s) <= 1500:
+                out.append(s)
+        return [tokenizer.encode(s, add_bos=False) + [eos] for s in out]
+
+    items = [
+        ("json", json_schema_to_lark(True, flexible), 4, [gp.JSON_DOC], ("json", None)),
+        ("schema", json_schema_to_lark(gp.PRODUCT_SCHEMA, flexible), 4, [gp.JSON_DOC], ("schema", None)),
+        ("sql", gp.SQL_LARK, 4, [gp.SQL_DOC], ("sql", None)),
+        ("arith", gp.ARITH_LARK, 6, [gp.ARITH_DOC], ("arith", None)),
+    ]
+    out = [(n, t, d, paths(t, docs, d), peer) for n, t, d, docs, peer in items]
+    python_lark = (Path(lark.__file__).parent / "grammars" / "python.lark").read_text()
+    out.append(("python.lark", python_lark, 3, [], ("lark", python_lark)))
+    rows = []
+    for f in sorted((SHARED / "data" / "jsonschemabench").glob("*.jsonl")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    random.Random(1).shuffle(rows)
+    for row in rows:
+        if sum(n.startswith("jsb/") for n, *_ in out) >= n_schemas:
+            break
+        try:
+            text = json_schema_to_lark(row["schema"])
+            sample = LarkSampler(text, max_depth=3).sample(random.Random(2))
+        except Exception:  # noqa: BLE001 - refused or unsamplable schemas are left out of the sample
+            continue
+        ids = tokenizer.encode(sample, add_bos=False) + [eos]
+        out.append((f"jsb/{row['id']}", text, 3, [ids], ("json_schema", json.dumps(row["schema"]))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- specjax
+@jax.jit
+def _walk(tables, ids_n, n, initial):
+    """Along a path: gather each state's mask row, test the token, advance. Returns (ok, rows)."""
+    from specjax.grammar.runtime import advance
+
+    def step(carry, i):
+        s_b, ok = carry
+        tok = ids_n[i]
+        row_w = tables.mask_rw[tables.row_s[s_b[0]]]
+        live = i < n
+        ok = ok & (~live | (((row_w[tok // 32] >> (tok % 32).astype(jnp.uint32)) & 1) == 1))
+        s_b = jnp.where(live, advance(tables, s_b, tok[None]), s_b)
+        return (s_b, ok), row_w
+
+    (s_b, ok), rows = jax.lax.scan(step, (initial[None], jnp.bool_(True)), jnp.arange(ids_n.shape[0]))
+    return ok, rows
+
+
+def time_path(tables, ids, reps: int = 5) -> float:
+    """µs per token along one path (median of reps calls / path length)."""
+    n_pad = 1 << max(4, (len(ids) - 1).bit_length())
+    ids_n = jnp.asarray(np.pad(np.asarray(ids, np.int32), (0, n_pad - len(ids))))
+    args = (tables, ids_n, jnp.int32(len(ids)), jnp.int32(tables.initial_state))
+    ok, _ = jax.block_until_ready(_walk(*args))
+    if not bool(ok):
+        raise RuntimeError("a path token was refused by the specjax mask")
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(_walk(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) / len(ids) * 1e6
+
+
+def apply_cost(tables, reps: int = 50) -> tuple[float, float]:
+    """µs of argmax over [1, V] logits, masked and unmasked (the in-graph application of the mask)."""
+    from specjax.grammar.runtime import mask_logits
+
+    logits = jax.random.normal(jax.random.key(0), (1, tables.vocab_size))
+    state = jnp.full((1,), tables.initial_state, jnp.int32)
+    masked = jax.jit(lambda t, s, x: jnp.argmax(mask_logits(t, s, x), axis=-1))
+    plain = jax.jit(lambda x: jnp.argmax(x, axis=-1))
+    out = []
+    for fn, args in ((masked, (tables, state, logits)), (plain, (logits,))):
+        jax.block_until_ready(fn(*args))
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            ts.append(time.perf_counter() - t0)
+        out.append(statistics.median(ts) * 1e6)
+    return out[0], out[1]
+
+
+def grammar_bytes(tables) -> int:
+    return int(sum(a.size * a.dtype.itemsize for a in (tables.trans_sb, tables.accept_s, tables.mask_rw,
+                                                        tables.row_s)))
+
+
+def bench_specjax(name, text, depth, paths, tokenizer, reps):
+    from specjax.grammar import GrammarError, GrammarOptions, compile_grammar
+
+    cold, cached = [], []
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            tables = compile_grammar(text, tokenizer, GrammarOptions(max_depth=depth, cache=False))
+            cold.append(time.perf_counter() - t0)
+    except GrammarError as e:
+        return {"refused": str(e).splitlines()[0]}
+    compile_grammar(text, tokenizer, GrammarOptions(max_depth=depth))  # writes the disk cache
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        compile_grammar(text, tokenizer, GrammarOptions(max_depth=depth))
+        cached.append(time.perf_counter() - t0)
+    per_path = []
+    for ids in paths:
+        try:
+            per_path.append(time_path(tables, ids))
+        except RuntimeError as e:
+            log(f"  {name}: {e} (path of {len(ids)} tokens skipped)")
+    return {"cold_s": cold, "cached_s": cached, "per_path_us": per_path, "states": tables.n_states,
+            "rows": int(tables.mask_rw.shape[0]), "grammar_bytes": grammar_bytes(tables),
+            "vocab_bytes": tables.nbytes() - grammar_bytes(tables), "tables": tables}
+
+
+# --------------------------------------------------------------------------------------------- peers
+def peer_engines(names, tokenizer):
+    if not names:
+        return {}
+    import grammar_peers as gp
+
+    tokens, types, eos, bos = gp.read_gguf_vocab()
+    enc = lambda s: tokenizer.encode(s, add_bos=False)  # noqa: E731 - the same tokenization as specjax
+    engines = {}
+    if "xgrammar" in names:
+        engines["xgrammar"] = gp.XGR(gp.xgr_tokenizer_info(tokens, types))
+    if "llguidance" in names:
+        engines["llguidance"] = gp.LLG(gp.llg_tokenizer(tokens, types, eos, bos, enc), len(tokens))
+    return engines
+
+
+def peer_compile(engine, kind, source):
+    """(compiled, seconds) for a workload's peer source."""
+    if kind in ("json", "schema", "sql", "arith"):
+        cg, ns = engine.compile(kind)
+        return cg, ns / 1e9
+    if engine.name == "xgrammar":
+        import xgrammar as xgr
+
+        c = xgr.GrammarCompiler(engine.ti, max_threads=1, cache_enabled=False)
+        t0 = time.perf_counter()
+        cg = c.compile_json_schema(source) if kind == "json_schema" else c.compile_grammar(
+            xgr.Grammar.from_lark(source, tokenizer_info=engine.ti))
+        return cg, time.perf_counter() - t0
+    import llguidance
+
+    grammar = (llguidance.LLMatcher.grammar_from_json_schema(source) if kind == "json_schema"
+               else llguidance.LLMatcher.grammar_from_lark(source))
+    t0 = time.perf_counter()
+    m = llguidance.LLMatcher(engine.tok, grammar, log_level=1)
+    dt = time.perf_counter() - t0
+    if m.is_error():
+        raise RuntimeError(m.get_error())
+    return m, dt
+
+
+def bench_peer(engine, kind, source, paths):
+    import grammar_peers as gp
+
+    try:
+        cg, dt = peer_compile(engine, kind, source)
+    except Exception as e:  # noqa: BLE001 - a peer refusing a grammar is a result, not a crash
+        return {"refused": str(e).splitlines()[0][:120]}
+    per_path, per_token = [], []
+    for ids in paths:
+        try:
+            fill, acc, _, _ = gp.run_path(engine, engine.new_matcher(cg) if engine.name == "xgrammar"
+                                          else peer_compile(engine, kind, source)[0], ids)
+        except RuntimeError as e:
+            log(f"  {engine.name}: {str(e)[:100]}")
+            continue
+        steps = [(f + a) / 1e3 for f, a in zip(fill, acc, strict=True)]
+        per_token += steps
+        per_path.append(statistics.fmean(steps))
+    return {"cold_s": [dt], "per_path_us": per_path, "per_token_us": per_token}
+
+
+# -------------------------------------------------------------------------------------------- report
+def summary(rows):
+    lines = ["| grammar | engine | compile cold p50 / p95 (ms) | from disk cache p50 (ms) | mask+advance µs/token "
+             "p50 / p99 (over paths) | per-token p50 / p99 (peers: every token) | tables (MB) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for group, engines in rows.items():
+        for eng, r in engines.items():
+            if not r:
+                continue
+            if "refused" in r:
+                lines.append(f"| {group} | {eng} | refused: {r['refused'][:90]} | | | | |")
+                continue
+            cold = [x * 1e3 for x in r["cold_s"]]
+            cache = f"{pct([x * 1e3 for x in r['cached_s']], 50):.0f}" if r.get("cached_s") else "—"
+            pp = r["per_path_us"]
+            tok = r.get("per_token_us")
+            tok_s = f"{pct(tok, 50):.1f} / {pct(tok, 99):.1f}" if tok else "—"
+            mem = (f"{r['grammar_bytes'] / 1e6:.1f} (+{r['vocab_bytes'] / 1e6:.1f} vocab)"
+                   if "grammar_bytes" in r else "—")
+            lines.append(f"| {group} | {eng} | {pct(cold, 50):.0f} / {pct(cold, 95):.0f} | {cache} | "
+                         f"{pct(pp, 50):.1f} / {pct(pp, 99):.1f} ({len(pp)} paths) | {tok_s} | {mem} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--schemas", type=int, default=12, help="JSONSchemaBench schemas in the sample")
+    ap.add_argument("--paths", type=int, default=6, help="token paths per fixed grammar (1 doc + samples)")
+    ap.add_argument("--reps", type=int, default=2, help="compile repetitions per fixed grammar")
+    ap.add_argument("--peers", default="xgrammar,llguidance", help="comma list, or 'none'")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    from specjax.models.loading import load_model
+
+    _, tokenizer = load_model(None)
+    engines = peer_engines([] if a.peers == "none" else a.peers.split(","), tokenizer)
+    work = workloads(a.schemas, a.paths, tokenizer)
+    rows: dict[str, dict] = {}
+    apply_us = None
+    for name, text, depth, paths, (kind, source) in work:
+        group = "jsonschemabench" if name.startswith("jsb/") else name
+        log(f"{name}: {len(paths)} path(s)")
+        res = {"specjax": bench_specjax(name, text, depth, paths, tokenizer, 1 if group != name else a.reps)}
+        if apply_us is None and "tables" in res["specjax"]:
+            apply_us = apply_cost(res["specjax"]["tables"])
+        res["specjax"].pop("tables", None)
+        for ename, eng in engines.items():
+            res[ename] = bench_peer(eng, kind, source or text, paths)
+        if group == name:
+            rows[name] = res
+        else:  # schemas: pool their compile times and per-path means
+            pool = rows.setdefault(group, {})
+            for ename, r in res.items():
+                if "refused" in r:
+                    pool.setdefault(ename + " refused", {"refused": ""})["refused"] += f"{name} "
+                    continue
+                acc = pool.setdefault(ename, {"cold_s": [], "cached_s": [], "per_path_us": [], "per_token_us": [],
+                                              "grammar_bytes": 0, "vocab_bytes": 0})
+                for key in ("cold_s", "cached_s", "per_path_us", "per_token_us"):
+                    acc[key] += r.get(key, [])
+                if "grammar_bytes" in r:
+                    acc["grammar_bytes"] = max(acc["grammar_bytes"], r["grammar_bytes"])
+                    acc["vocab_bytes"] = r["vocab_bytes"]
+        log(f"  {json.dumps({e: {k: v for k, v in r.items() if k != 'per_token_us'} for e, r in res.items()})[:400]}")
+    for pool in rows.get("jsonschemabench", {}).values():
+        if not pool.get("per_token_us"):
+            pool.pop("per_token_us", None)
+        if "grammar_bytes" in pool and not pool["grammar_bytes"]:
+            pool.pop("grammar_bytes")
+    print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average {os.getloadavg()[0]:.1f} "
+          f"(2 cores, shared: noisy); JSONSchemaBench: max size of one schema's tables shown")
+    print(summary(rows))
+    if apply_us:
+        print(f"\nmask applied in-graph: masked argmax over [1, {262144}] logits {apply_us[0]:.0f} µs vs "
+              f"plain argmax {apply_us[1]:.0f} µs")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "apply_us": apply_us}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

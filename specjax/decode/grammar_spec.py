@@ -1,0 +1,113 @@
+"""What a user asks to constrain generation to: a Lark grammar, a JSON Schema or a regex (host side).
+
+A :class:`GrammarSpec` is hashable, so the generator compiles each distinct spec once per process (and the
+grammar compiler caches tables on disk across processes). Every front-end error becomes one
+:class:`GrammarSpecError` line naming the source (file or option) and the problem (line and column, keyword).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from specjax.grammar.compiler import GrammarOptions, compile_grammar
+from specjax.grammar.errors import GrammarError
+from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
+from specjax.grammar.regex import RegexError, regex_to_lark
+from specjax.grammar.runtime import GrammarTables
+
+__all__ = ["GrammarSpec", "GrammarSpecError", "compile_spec"]
+
+KINDS = ("lark", "json_schema", "regex")
+
+
+class GrammarSpecError(ValueError):
+    """A grammar, schema or regex that cannot be used (one line: where, then why)."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on generated text.
+
+    Attributes:
+      kind: "lark" (Lark grammar text), "json_schema" (a JSON Schema as JSON text) or "regex" (Python `re`
+        syntax; the whole output must match).
+      source: the grammar / schema / regex text.
+      origin: where it came from, for messages (a file name or an option); defaults to the kind.
+      max_depth: nesting bound of recursive rules (`GrammarOptions.max_depth`): deeper nesting is masked.
+      start: start rule (Lark only).
+      whitespace: JSON Schema only: "compact" (no whitespace between tokens) or "flexible".
+      max_whitespace: JSON Schema, flexible whitespace: at most this many characters per gap.
+    """
+
+    kind: str
+    source: str
+    origin: str = ""
+    max_depth: int = 3
+    start: str = "start"
+    whitespace: str = "compact"
+    max_whitespace: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise GrammarSpecError(f"grammar kind {self.kind!r} is unknown (one of: {', '.join(KINDS)})")
+        if not isinstance(self.max_depth, int) or self.max_depth < 1:
+            raise GrammarSpecError(f"grammar max_depth must be a positive integer, got {self.max_depth!r}")
+        if self.whitespace not in ("compact", "flexible"):
+            raise GrammarSpecError(f"json whitespace must be 'compact' or 'flexible', got {self.whitespace!r}")
+        if not isinstance(self.max_whitespace, int) or self.max_whitespace < 1:
+            raise GrammarSpecError(f"max_whitespace must be a positive integer, got {self.max_whitespace!r}")
+
+    @classmethod
+    def from_file(cls, kind: str, path: str, **options) -> GrammarSpec:
+        """Reads a .lark grammar or a JSON Schema file (UTF-8)."""
+        p = Path(path).expanduser()
+        if not p.is_file():
+            option = "grammar" if kind == "lark" else kind  # as the CLI option is named
+            raise GrammarSpecError(f"{option}={path!r}: no such file")
+        return cls(kind=kind, source=p.read_text(encoding="utf-8"), origin=str(p), **options)
+
+    @property
+    def where(self) -> str:
+        return self.origin or self.kind
+
+    def lark_text(self) -> str:
+        """The Lark grammar of this spec (start rule `start` for schemas and regexes)."""
+        try:
+            if self.kind == "lark":
+                return self.source
+            if self.kind == "regex":
+                return regex_to_lark(self.source)
+            try:
+                schema = json.loads(self.source)
+            except json.JSONDecodeError as e:
+                raise GrammarSpecError(f"{self.where}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+            if not isinstance(schema, dict | bool):
+                raise GrammarSpecError(f"{self.where}: a JSON Schema must be an object or a boolean, "
+                                       f"got {type(schema).__name__}")
+            return json_schema_to_lark(schema, JsonSchemaOptions(whitespace=self.whitespace,
+                                                                 max_whitespace=self.max_whitespace))
+        except (SchemaError, RegexError) as e:
+            raise GrammarSpecError(f"{self.where}: {_one_line(e)}") from None
+
+    def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:
+        return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,
+                              eos_ids=eos_ids)
+
+
+def compile_spec(spec: GrammarSpec, tokenizer, eos_ids: tuple[int, ...] | None = None) -> GrammarTables:
+    """Compiles a spec against a tokenizer's vocabulary (the compiler caches the tables on disk).
+
+    Raises:
+      GrammarSpecError: the grammar, schema or regex is invalid, unsupported, empty or too large.
+    """
+    text = spec.lark_text()
+    try:
+        return compile_grammar(text, tokenizer, spec.options(eos_ids))
+    except GrammarError as e:
+        raise GrammarSpecError(f"{spec.where}: {_one_line(e)}") from None

@@ -1,19 +1,18 @@
 """A :class:`~specjax.grammar.frontend.Cfg` → one minimal DFA over bytes (shape "B" of grammar-notes.md).
 
-**Parser part.** A configuration is a dotted alternative plus a stack of return points. Calls in tail
-position push nothing, and left recursion was rewritten as tail recursion by the front-end, so iteration
-never grows the stack; only self-embedding recursion (brackets, nested expressions) does. Two bounds keep
-the configurations finite: at most ``max_depth`` frames whose remaining symbols cannot derive the empty
-string ("open brackets": a ``"[" value • "]"`` frame), and at most ``max_stack`` frames in all.
-Configurations beyond them are dropped, i.e. deeper nesting is masked out; everything up to the bound is
-exact.
+**Parser part.** A configuration is the sequence of symbols still to be matched (the stack, flattened).
+Calls in tail position add nothing, and left recursion was rewritten as tail recursion by the front-end,
+so iteration never grows it; only self-embedding recursion (brackets, nested expressions) does. The
+nesting bound keeps configurations finite: a terminal may be pending at most ``max_depth`` times, a
+nonterminal ``4 * max_depth`` times (or as often as it occurs in one alternative, if more). Expansions past
+the bound are dropped, i.e. deeper nesting is masked out; everything within the bound is exact.
 
 **Lexer part (greedy, contextual, no backtracking — llguidance's semantics).** At a lexeme boundary, the
 terminals the parser expects (plus the ``%ignore`` ones) start in parallel. A lexeme ends only when the
 next byte cannot extend any live terminal; it may then end as any terminal that accepts it. So ``A A``
 with ``A: /a+/`` never splits ``aaaa``, as in lark's and llguidance's lexers.
 
-A DFA state is the set of live lexer threads ``(terminal, terminal state, continuations)``; subset
+A DFA state is the set of live lexer threads ``(terminal, terminal state, boundary after it)``; subset
 construction over byte classes, then trimming (states that cannot reach acceptance become the dead
 state) and Moore minimisation with numpy.
 """
@@ -83,7 +82,7 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
 
 
 def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
-    """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``/``max_stack``.
+    """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
     Raises:
       GrammarError: more than ``max_states`` states before minimisation (naming the recursive rules and the
@@ -140,14 +139,16 @@ class _Builder:
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
         self.alt_syms = [syms for _, syms in cfg.alts]
-        # Nesting bound: a symbol may be pending at most max_depth times (or its count in one alternative,
+        # Nesting bound: a terminal may be pending at most max_depth times (or its count in one alternative,
         # if larger, so that straight-line repeats such as  "a" "a" "a"  are never cut): "]" is pending once
-        # per open "[", so max_depth is the nesting depth per bracket kind.
+        # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
+        # each bracket level may hold a few expression levels (expr, term, factor), and the bound on them
+        # only exists to stop self-embedding without any pending terminal.
         per_alt: dict[int, int] = {}
         for syms in self.alt_syms:
             for x, k in Counter(syms).items():
                 per_alt[x] = max(per_alt.get(x, 0), k)
-        self.limit = {x: max(max_depth, k) for x, k in per_alt.items()}
+        self.limit = {x: max(max_depth if x >= 0 else 4 * max_depth, k) for x, k in per_alt.items()}
         self.truncated = False
         self._closure_memo: dict = {}
         # A "boundary" is where a lexeme may start. It is interned by its expansion, the set of
@@ -236,7 +237,6 @@ class _Builder:
         start = self._close([(-(self.cfg.start + 1),)])
         init = (frozenset((t, 0, c) for t, c in self._fresh(start)), True)
         ids, order, rows, accepts = {init: 0}, [init], [], []
-        self.states = order  # kept for inspection
         while len(rows) < len(order):
             threads, is_init = order[len(rows)]
             accepts.append(self._boundaries[start][1] if is_init else any(

@@ -21,6 +21,15 @@ from specjax.grammar.tables import Vocabulary, mask_rows
 __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
 _CACHE_VERSION = "1"
+_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "tables.py", "compiler.py")
+
+
+def _code_version() -> str:
+    """A hash of the compiler's own source: tables cached by an older compiler are never reused."""
+    digest = hashlib.sha256(_CACHE_VERSION.encode())
+    for name in _SOURCES:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +100,7 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
     """
     options = options or GrammarOptions()
     vocab, vocab_hash = vocabulary_of(tokenizer, options.eos_ids)
-    key = hashlib.sha256(json.dumps([_CACHE_VERSION, lark_text, dataclasses.asdict(options) | {"cache": None},
+    key = hashlib.sha256(json.dumps([_code_version(), lark_text, dataclasses.asdict(options) | {"cache": None},
                                      vocab_hash]).encode()).hexdigest()[:32]
     path = _cache_dir() / f"{key}.npz"
     if options.cache and path.is_file():

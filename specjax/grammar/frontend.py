@@ -16,6 +16,7 @@ import dataclasses
 
 import lark
 import lark.exceptions
+from lark.load_grammar import load_grammar
 
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.terminals import ByteDFA, terminal_dfa
@@ -61,18 +62,21 @@ def load_lark(text: str, start: str = "start") -> Cfg:
         rule that derives no string.
     """
     try:
-        parser = lark.Lark(text, parser="earley", lexer="dynamic", start=start)
+        # lark's own loader and EBNF → BNF compiler, without building a parser (lark.Lark would also build an
+        # Earley parser and check regex collisions, minutes on large grammars that we do not need).
+        grammar, _ = load_grammar(text, "<grammar>", None, False)
+        terminal_list, rule_list, ignore_names = grammar.compile([start], set())
     except lark.exceptions.LarkError as e:
         raise GrammarError(f"invalid Lark grammar: {e}".rstrip()) from e
     rules: dict[str, list[tuple[str, ...]]] = {}
-    for rule in parser.rules:
+    for rule in rule_list:
         rules.setdefault(rule.origin.name, []).append(tuple(s.name for s in rule.expansion))
     if start not in rules:
         raise GrammarError(f"the grammar has no rule named {start!r} (the start rule)")
-    term_defs = {t.name: t for t in parser.terminals}
+    term_defs = {t.name: t for t in terminal_list}
     used = _reachable(rules, start)
     term_names = sorted({s for n in used for alt in rules[n] for s in alt if s not in rules}
-                        | set(parser.ignore_tokens))
+                        | set(ignore_names))
     if missing := [t for t in term_names if t not in term_defs]:
         raise GrammarError(f"terminal {missing[0]} is used but has no definition (a %declare'd terminal "
                            "needs a postlexer, e.g. Python's _INDENT/_DEDENT, which a regular automaton cannot model)")
@@ -94,7 +98,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     code = lambda s: -(rule_id[s] + 1) if s in rule_id else term_id[s]
     alts = tuple((rule_id[n], tuple(code(s) for s in a)) for n in names for a in rules[n])
     return Cfg(rule_names=tuple(names), start=0, alts=alts, terminal_names=tuple(term_names),
-               terminals=terminals, ignore=tuple(term_id[t] for t in parser.ignore_tokens),
+               terminals=terminals, ignore=tuple(term_id[t] for t in ignore_names),
                nullable=tuple(n in nullable for n in names))
 
 

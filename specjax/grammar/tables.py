@@ -72,18 +72,21 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     uniq, tok_string = _class_strings(vocab, cls_b, text)
     levels, ends = _trie(uniq)
     eos = vocab.kind_v == 1
-    rows = []
+    # Rows are first told apart over the U unique class strings (+ acceptance): far fewer columns than V.
+    keys = []
     for lo in range(0, len(reps), _CHUNK):
         chunk = reps[lo:lo + _CHUNK]
         alive_ru = _walk(trans_sc, n_cls, chunk, levels, ends, len(uniq))
-        bits = np.zeros((len(chunk), vocab.size), bool)
-        bits[:, text] = alive_ru[:, tok_string.reshape(-1)]
-        bits[:, eos] = auto.accept_s[chunk][:, None]
-        rows.append(pack_bits(bits))
-    packed = np.concatenate(rows) if rows else np.zeros((0, -(-vocab.size // 32)), np.uint32)
-    unique_rows, row_of_rep = np.unique(packed, axis=0, return_inverse=True)
+        alive_ru = np.concatenate([alive_ru, auto.accept_s[chunk][:, None]], axis=1)
+        keys.append(np.packbits(alive_ru, axis=1))
+    keys_rk = np.concatenate(keys)
+    _, first_rep, row_of_rep = np.unique(keys_rk, axis=0, return_index=True, return_inverse=True)
+    bits = np.zeros((len(first_rep), vocab.size), bool)
+    alive_uu = np.unpackbits(keys_rk[first_rep], axis=1, count=len(uniq) + 1).astype(bool)
+    bits[:, text] = alive_uu[:, tok_string.reshape(-1)]
+    bits[:, eos] = alive_uu[:, -1:]
     row_of_class = row_of_rep.reshape(-1)
-    return unique_rows, row_of_class[state_class].astype(np.int32)
+    return pack_bits(bits), row_of_class[state_class].astype(np.int32)
 
 
 def _class_strings(vocab: Vocabulary, cls_b: np.ndarray, text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -123,11 +123,26 @@ def _char(cp: int) -> str:
 
 
 def class_text(s: Intervals) -> str:
-    """A regex matching exactly one character of the non-empty set `s`."""
+    """A regex matching exactly one character of the non-empty set `s` (and no other non-surrogate).
+
+    A set larger than its complement is written negated (`[^"\\\x00-\x1f]`): interegular, which
+    automaton builders use, enumerates the characters of a positive class one by one but keeps a
+    negated class as a single "anything else" symbol. (A negated class also admits surrogates,
+    which valid text never contains.)
+    """
     if not s:
         raise ValueError("empty character set")
     if len(s) == 1 and s[0][0] == s[0][1]:
         return escape_text(chr(s[0][0]))
+    rest = complement(s)
+    if not rest:
+        return "(?:[^\\x00]|\\x00)"
+    if size(rest) < size(s):
+        return "[^" + _ranges(rest) + "]"
+    return "[" + _ranges(s) + "]"
+
+
+def _ranges(s: Intervals) -> str:
     parts = []
     for lo, hi in s:
         if lo == hi:
@@ -136,7 +151,7 @@ def class_text(s: Intervals) -> str:
             parts.append(_char(lo) + _char(hi))
         else:
             parts.append(f"{_char(lo)}-{_char(hi)}")
-    return "[" + "".join(parts) + "]"
+    return "".join(parts)
 
 
 _SPECIAL = set("\\.^$*+?{}[]|()/")

@@ -214,6 +214,8 @@ def disjoint(a: dict, b: dict, path: str) -> bool:
         return True
     if _value_set(a) is not None and _value_set(b) is not None and not _value_set(a) & _value_set(b):
         return True
+    if ta <= {"object"} and tb <= {"object"} and (_excludes(a, b) or _excludes(b, a)):
+        return True
     if ta <= {"object"} or tb <= {"object"}:
         pa, pb = a.get("properties", {}), b.get("properties", {})
         for name in set(a.get("required", [])) & set(b.get("required", [])) & set(pa) & set(pb):
@@ -221,6 +223,16 @@ def disjoint(a: dict, b: dict, path: str) -> bool:
             if isinstance(pa[name], dict) and isinstance(pb[name], dict) and va is not None and vb is not None \
                     and not va & vb:
                 return True
+    return False
+
+
+def _excludes(a: dict, b: dict) -> bool:
+    """`a` requires a property that `b` forbids (not in b's properties under additionalProperties false,
+    or b's schema for it is false)."""
+    props_b = b.get("properties", {}) if isinstance(b.get("properties"), dict) else {}
+    for name in a.get("required", []) if isinstance(a.get("required"), list) else []:
+        if props_b.get(name) is False or (name not in props_b and b.get("additionalProperties") is False):
+            return True
     return False
 
 

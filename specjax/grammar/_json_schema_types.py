@@ -9,7 +9,7 @@ from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_formats import FORMATS
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
-from specjax.grammar._regex_fsm import TooLarge, fsm_class_text, length_bounded_rules
+from specjax.grammar._regex_fsm import TooLarge, length_bounded_rules
 from specjax.grammar._regex_ranges import int_range, number_range
 
 NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
@@ -262,7 +262,7 @@ class TypeEmitter:
     def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
         """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""
         fmt = node.get("format")
-        regex = FORMATS[fmt] if fmt in FORMATS else rx.translate(node["pattern"], fsm_class_text, search=True)
+        regex = FORMATS[fmt] if fmt in FORMATS else rx.translate(node["pattern"], cs.class_text, search=True)
         name = self.c._new_name(f"{path}/length")
         try:
             rules = length_bounded_rules(regex, lo, hi, name)

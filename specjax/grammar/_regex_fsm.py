@@ -19,18 +19,6 @@ class TooLarge(ValueError):
     """The product automaton would exceed the size limit."""
 
 
-def fsm_class_text(s: cs.Intervals) -> str:
-    """A character class for interegular, written through its complement when that is smaller
-    (interegular enumerates the characters of a class)."""
-    if s == cs.ANY:
-        return "(?:[^a]|a)"
-    rest = cs.complement(s)
-    if cs.size(rest) < cs.size(s):
-        return "[^" + cs.class_text(rest)[1:] if cs.class_text(rest).startswith("[") else \
-            "[^" + cs.class_text(rest) + "]"
-    return cs.class_text(s)
-
-
 def _symbol_sets(fsm) -> dict:
     """Characters (as intervals) of each DFA input symbol; `anything_else` is every other character."""
     explicit, out, with_else = [], {}, set()
@@ -47,9 +35,9 @@ def _symbol_sets(fsm) -> dict:
 def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pairs: int = 10000) -> dict[str, str]:
     """Rules (name → body) for the strings of `regex` (full match) with lo <= length <= hi.
 
-    `regex` must use only classes/literals/groups/alternation/quantifiers (as `translate` writes with
-    `fsm_class_text`). Returns {} when the intersection is empty; the start rule is `{name}_s`.
-    The rule bodies use JSON-encoded character classes (the strings are JSON string contents).
+    `regex` must use only classes/literals/groups/alternation/quantifiers (as `translate` writes).
+    Returns {} when the intersection is empty; the start rule is `{name}_s`. The rule bodies use
+    JSON-encoded character classes (the strings are JSON string contents).
     """
     fsm = interegular.parse_pattern(regex).to_fsm().reduce()
     symbols = _symbol_sets(fsm)

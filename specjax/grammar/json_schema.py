@@ -27,6 +27,7 @@ from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 
+_MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
 _REFUSAL_WHY = {
     "patternProperties": "keys matching a pattern would need regex intersection and complement with the other keys",
@@ -114,6 +115,7 @@ class _Compiler:
             raise SchemaError("$schema", "#", "draft-03 is not supported (drafts 4, 6, 7, 2019-09, 2020-12 are)")
         self.rules: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.depth = 0
         ws = options.whitespace == "flexible"
         n = options.max_whitespace
         self.ws = (" WS?" if ws else "")
@@ -143,18 +145,25 @@ class _Compiler:
         key = path if key is None else key
         if key in self.names:
             return self.names[key]
+        if self.depth > _MAX_NESTING:
+            raise SchemaError("$ref", path, f"schema nesting deeper than {_MAX_NESTING} (a recursion through "
+                                            "allOf/$ref merging that never repeats itself?)")
         if node is True or node == {}:
             return self.any_value()
-        rules_before, names_before = list(self.rules), dict(self.names)
+        n_rules, n_names = len(self.rules), len(self.names)  # both dicts only grow, in insertion order
         name = self.names[key] = self._new_name(path)
         self.rules[name] = ""  # reserve: a $ref cycle reaching this path uses the name
+        self.depth += 1
         try:
             self.rules[name] = self.expr(node, path)
         except SchemaError:  # roll back rules made meanwhile: they may refer to this one
-            for added in list(self.rules)[len(rules_before):]:
+            for added in list(self.rules)[n_rules:]:
                 del self.rules[added]
-            self.names = names_before
+            for added in list(self.names)[n_names:]:
+                del self.names[added]
             raise
+        finally:
+            self.depth -= 1
         return name
 
     def rule_text(self, path: str, body: str) -> str:
@@ -198,7 +207,12 @@ class _Compiler:
             if target is False:
                 raise EmptySchemaError("$ref", path, f"target {node['$ref']!r} is the false schema (empty language)")
             return self.rule(target, target_path)
-        node, path = self.flatten(node, path)
+        flat, path = self.flatten(node, path)
+        if flat is not node and ("allOf" in node or "$ref" in node):
+            # A merged schema: memoized by content, so a merge that recurs through its own
+            # properties (allOf [{$ref: self}, …]) becomes a recursive rule instead of unrolling.
+            return self.rule(flat, path, key="merged:" + logic.canonical(flat))
+        node = flat
         for kw in ("anyOf", "oneOf"):
             if kw in node:
                 return self.alternatives(node, kw, path)
@@ -258,7 +272,7 @@ class _Compiler:
         branches = node[kw]
         if not isinstance(branches, list) or not branches:
             raise SchemaError(kw, path, "must be a non-empty array of schemas")
-        rest = {k: v for k, v in node.items() if k != kw}
+        rest = {k: v for k, v in node.items() if k != kw and k not in logic.ANNOTATIONS}
         other = "oneOf" if kw == "anyOf" else "anyOf"
         if other in rest:
             raise SchemaError(other, path, "anyOf and oneOf in one schema are not supported")
@@ -271,8 +285,9 @@ class _Compiler:
                 continue  # a false branch contributes nothing to a union
             try:
                 flat, fpath = self.flatten(branch, bpath)
-                if rest:  # siblings distribute into each branch: a derived schema, memoized apart from it
-                    flats.append((logic.merge(rest, flat, bpath), bpath, f"{bpath} & siblings"))
+                if rest:  # siblings distribute into each branch: a derived schema, memoized by content
+                    merged = logic.merge(rest, flat, bpath)
+                    flats.append((merged, bpath, "merged:" + logic.canonical(merged)))
                 else:
                     flats.append((flat, fpath, fpath))
             except EmptySchemaError:

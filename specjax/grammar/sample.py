@@ -13,7 +13,7 @@ import re
 from re import _constants as C  # noqa: N812
 from re import _parser as sre_parse
 
-import lark
+from lark.load_grammar import load_grammar
 
 __all__ = ["LarkSampler"]
 
@@ -24,12 +24,14 @@ class LarkSampler:
     """Samples strings of a Lark grammar's language (start rule `start`)."""
 
     def __init__(self, text: str, max_depth: int = 12, max_repeat: int = 4):
-        parser = lark.Lark(text, parser="earley", lexer="dynamic")
+        # lark's grammar loader gives the BNF rules and terminals without building a parser (fast).
+        grammar, _ = load_grammar(text, "<sampled>", [], False)
+        terminals, rules, _ = grammar.compile(["start"], set())
         self.max_depth, self.max_repeat = max_depth, max_repeat
         self.rules: dict[str, list[list]] = {}
-        for rule in parser.rules:
+        for rule in rules:
             self.rules.setdefault(rule.origin.name, []).append(list(rule.expansion))
-        self.terminals = {t.name: t.pattern for t in parser.terminals}
+        self.terminals = {t.name: t.pattern for t in terminals}
         self.trees = {name: sre_parse.parse(p.value) for name, p in self.terminals.items() if p.type == "re"}
         self.height = self._heights()
 
@@ -55,7 +57,8 @@ class LarkSampler:
         return "".join(out)
 
     def _expand(self, name: str, rng: random.Random, depth: int, out: list[str]) -> None:
-        expansions = self.rules[name]
+        # only expansions that can finish (a grammar may hold unproductive parts: dead alternatives)
+        expansions = [e for e in self.rules[name] if self._exp_height(e) < 1 << 30]
         if depth >= self.max_depth:
             best = min(self._exp_height(e) for e in expansions)
             expansions = [e for e in expansions if self._exp_height(e) == best]

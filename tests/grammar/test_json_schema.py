@@ -55,6 +55,10 @@ SCHEMAS = {
         {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
         {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "boolean"}}, "required": ["kind"]},
     ]},
+    "oneof_closed": {"type": "object", "oneOf": [
+        {"properties": {"embedded": {"type": "string"}}, "required": ["embedded"], "additionalProperties": False},
+        {"properties": {"http": {"type": "integer"}, "x": {"type": "null"}}, "required": ["http"],
+         "additionalProperties": False}]},
     "allof": {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"b": {"type": "integer", "maximum": 5}},
                                                    "required": ["b"]}],
               "$defs": {"base": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}},
@@ -67,6 +71,12 @@ SCHEMAS = {
     "draft4": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer", "minimum": 3,
                "exclusiveMinimum": True, "maximum": 9},
     "no_type": {"properties": {"a": {"type": "integer"}}, "minLength": 2},
+    "allof_recursive": {"definitions": {"Foo": {"type": "object", "properties": {
+        "kids": {"allOf": [{"$ref": "#/definitions/Foo"}, {"type": "object", "title": "kid"}]}}}},
+        "$ref": "#/definitions/Foo"},
+    "oneof_recursive": {"$defs": {"el": {"type": "object", "additionalProperties": False, "properties": {
+        "children": {"description": "text or elements", "minLength": 1, "oneOf": [
+            {"type": "string"}, {"type": "array", "items": {"$ref": "#/$defs/el"}}]}}}}, "$ref": "#/$defs/el"},
     "enum_filtered": {"enum": ["2024-02-29", "2023-02-29", "abc", 7, 8], "format": "date", "maximum": 7},
     "odd_keys": {"type": "object", "properties": {k: {"const": k} for k in ['a"b', "c\\d", "e\u0001", "ü", "/", "~1"]},
                  "required": ['a"b', "e\u0001"], "additionalProperties": {"type": "integer"}},
@@ -132,6 +142,7 @@ def test_generated_outputs_validate_and_parse(name):
     ("tuple_draft7", ["[1]", "[1,true,null,null]"], ["[2]", "[1,true,null,null,null]", "[1,true,3]"]),
     ("anyof_nullable", ['"abc"', "null"], ['"abcd"', "1"]),
     ("oneof_tagged", ['{"kind":"a","x":1}', '{"kind":"b"}'], ['{"kind":"c"}', '{"kind":"b","y":1}']),
+    ("oneof_closed", ['{"embedded":"a"}', '{"http":1,"x":null}'], ['{"embedded":"a","http":1}', "{}"]),
     ("allof", ['{"a":"x","b":5}'], ['{"a":"x"}', '{"a":"x","b":6}', '{"b":5}']),
     ("tree", ['{"v":1,"kids":[{"v":2,"kids":[]}]}'], ['{"v":1,"kids":[{}]}']),
     ("extra_schema", ['{"id":1,"note":"n"}', '{"id":1,"note":"n","z":"q"}'], ['{"id":1}', '{"id":1,"note":2}',
@@ -142,6 +153,8 @@ def test_generated_outputs_validate_and_parse(name):
      ['{"a\\"b":"a\\"b"}', '{"a\\"b":"a\\"b","e\\u0001":"e\\u0001","ü":1}']),
     ("ref_into_branch", ['"ab"', '{"p":"abcd"}'], ['"abc"', "7"]),
     ("no_type", ['{"a":1}', '"ab"', "true", "[1]"], ['{"a":"x"}', '"a"']),
+    ("allof_recursive", ['{"kids":{"kids":{}}}', "{}"], ['{"kids":1}', '{"kids":{"kids":[]}}']),
+    ("oneof_recursive", ['{"children":[{"children":"ab"},{}]}'], ['{"children":""}', '{"children":[1]}']),
     ("enum_filtered", ['"2024-02-29"', "7"], ['"2023-02-29"', '"abc"', "8"]),
 ])
 def test_valid_instances_parse_invalid_ones_do_not(name, valid, invalid):

@@ -28,6 +28,7 @@ from flax import struct
 from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
 from specjax.decode.drafters import Observation
+from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import sample
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
 from specjax.models.kv_cache import KVCache, move_slots
@@ -162,6 +163,17 @@ def advance_shadow(s: SpecState, draft, tok_b: jax.Array, live_b: jax.Array) -> 
     return s, end_b
 
 
+def check_draft(draft, drafter, b: int, k: int, vocab: int) -> None:
+    """Raises one clear error (at trace time: shapes are static) when a drafter's Draft is misshapen."""
+    want = {"tokens_bk": (b, k), "len_b": (b,), "parent_bk": (b, k), "q_probs_bkv": (b, k, vocab)}
+    for name, shape in want.items():
+        value = getattr(draft, name)
+        if value is not None and tuple(value.shape) != shape:
+            raise GenerationError(f"drafter {type(drafter).__name__} proposed Draft.{name} of shape "
+                                  f"{tuple(value.shape)}; the loop needs {shape} "
+                                  f"(batch {b}, k={k}, vocabulary {vocab})")
+
+
 def make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
               stop_tables, adapt: Adaptive | None, grammar: constrain.BatchGrammar | None = None):
     """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain).
@@ -264,6 +276,7 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
 
     def body(s: SpecState) -> SpecState:
         draft, draft_state = drafter.propose(model, draft_params, s, k)
+        check_draft(draft, drafter, s.last_b.shape[0], k, model.cfg.vocab_size)
         s = s.replace(draft_state=draft_state)
         state_bt = None
         if grammar is not None:

@@ -19,6 +19,7 @@ Adaptive draft length: `confident_length` truncates a draft at its first unconfi
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -131,6 +132,39 @@ class StaticTree:
             if len(t) > 1 and t[:-1] not in seen:
                 raise TreeError(f"tree path {t} has no parent: its prefix {t[:-1]} is not in the tree")
         return cls(paths=tuple(sorted(norm, key=lambda t: (len(t), t))))
+
+    @classmethod
+    def from_accuracies(cls, accuracy_dr: Sequence[Sequence[float]], size: int) -> StaticTree:
+        """The `size`-node tree with the largest expected accepted length (Medusa's construction).
+
+        accuracy_dr[d][r] estimates how often the rank-r candidate at depth d + 1 is the right
+        token; a node's value is the product along its path (independence assumed), and the
+        expected accepted length is the sum over nodes. Best-first growth picks the top-valued
+        nodes; a child is never worth more than its parent, so the result is a valid tree.
+
+        Raises:
+          TreeError: for accuracies outside [0, 1], ragged rows, or a size the depths and ranks
+            cannot fill.
+        """
+        acc = [[float(a) for a in row] for row in accuracy_dr]
+        if not acc or any(len(row) != len(acc[0]) or not row for row in acc):
+            raise TreeError("accuracies must be a non-empty [depth][rank] table with equal-length rows")
+        if any(not 0.0 <= a <= 1.0 for row in acc for a in row):
+            raise TreeError("accuracies must lie in [0, 1]")
+        depth, ranks = len(acc), len(acc[0])
+        capacity = sum(ranks ** (d + 1) for d in range(depth))
+        if not 1 <= size <= capacity:
+            raise TreeError(f"tree size {size} must be in 1..{capacity} for {depth} depths x {ranks} ranks")
+        frontier = [(-acc[0][r], (r,)) for r in range(ranks)]
+        heapq.heapify(frontier)
+        chosen = []
+        while len(chosen) < size:
+            neg_value, path = heapq.heappop(frontier)  # ties: the lexicographically smaller path
+            chosen.append(path)
+            if len(path) < depth:
+                for r in range(ranks):
+                    heapq.heappush(frontier, (neg_value * acc[len(path)][r], (*path, r)))
+        return cls.from_paths(chosen)
 
     @classmethod
     def chain(cls, k: int) -> StaticTree:

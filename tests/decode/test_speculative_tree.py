@@ -20,36 +20,39 @@ from conftest import ByteTokenizer
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, bigram_model, oracle
 
 from specjax.decode.drafters import Draft
-from specjax.decode.generate import GenerateConfig, Generator
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator, speculative_program
-from specjax.decode.tree import StaticTree
+from specjax.decode.tree import MEDUSA_63, StaticTree
 
 TREE = StaticTree.from_paths([p for d in range(1, 4) for p in np.ndindex(*(2,) * d)])
 K = TREE.size
-# ranks along each node's path, -1 padded: [k, depth]
-PATH_RANKS = np.array([list(p) + [-1] * (TREE.max_depth - len(p)) for p in TREE.paths], np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
 class OracleTreeDrafter:
-    """Binary tree with one right path (draft_params = the reference tokens [B, n])."""
+    """A static tree with one right path (draft_params = the reference tokens [B, n])."""
+
+    tree: StaticTree = TREE
 
     def init(self, model, ref_bn, prefill):
         return prefill.len_b.astype(jnp.int32) + 1, jnp.zeros((), jnp.int32)
 
     def propose(self, model, ref_bn, state, k):
         b, n = ref_bn.shape
-        d_1d = jnp.arange(1, TREE.max_depth + 1)[None, :]
+        tree = self.tree
+        d_1d = jnp.arange(1, tree.max_depth + 1)[None, :]
         right_bd = (state.pos_b[:, None] + d_1d) % 2
-        ranks_bkd = jnp.asarray(PATH_RANKS)[None]
+        # ranks along each node's path, -1 padded: [k, depth]
+        ranks_kd = np.array([list(p) + [-1] * (tree.max_depth - len(p)) for p in tree.paths], np.int32)
+        ranks_bkd = jnp.asarray(ranks_kd)[None]
         right_bk = jnp.all((ranks_bkd == -1) | (ranks_bkd == right_bd[:, None, :]), axis=-1)
-        depth_k = jnp.asarray(TREE.depths)
+        depth_k = jnp.asarray(tree.depths)
         idx_bk = jnp.clip(state.count_b[:, None] + depth_k[None, :] - 1, 0, n - 1)
         true_bk = jnp.take_along_axis(ref_bn, idx_bk, axis=1)
         tokens_bk = jnp.where(right_bk, true_bk, (true_bk + 1 + depth_k[None, :]) % 64).astype(jnp.int32)
         len_b = (k - 3 * (state.pos_b % 3)).astype(jnp.int32)  # cuts the right depth-3 node 11 or 8 at times
-        return Draft(tokens_bk=tokens_bk, len_b=len_b, parent_bk=TREE.parent_bk(b)), state.draft_state
+        return Draft(tokens_bk=tokens_bk, len_b=len_b, parent_bk=tree.parent_bk(b)), state.draft_state
 
     def observe(self, model, ref_bn, draft_state, obs):
         len_b, bad = draft_state
@@ -130,3 +133,35 @@ def test_eos_and_stop_inside_an_accepted_tree_path():
     out, _ = gen.generate(BIGRAM_PROMPTS, GenerateConfig(max_new_tokens=n, batch_size=3, stop=(text[1:3],),
                                                          ignore_eos=True), SpecConfig(k=K, adaptive=False))
     assert out[2].finish_reason == "stop" and out[2].tokens == oracle(BIGRAM_PROMPTS[2], 3) and out[2].text == text[:1]
+
+
+class BadTreeDrafter(OracleTreeDrafter):
+    """Proposes a parent array one node short."""
+
+    def propose(self, model, ref_bn, state, k):
+        draft, draft_state = super().propose(model, ref_bn, state, k)
+        return draft.replace(parent_bk=draft.parent_bk[:, 1:]), draft_state
+
+
+def test_a_misshapen_draft_is_one_clear_error(tiny_model):
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=BadTreeDrafter(),
+                               draft_params=jnp.zeros((1, 8), jnp.int32))
+    with pytest.raises(GenerationError, match=r"BadTreeDrafter proposed Draft.parent_bk of shape \(1, 13\); "
+                                              r"the loop needs \(1, 14\)"):
+        gen.generate(["ab"], GenerateConfig(max_new_tokens=8, batch_size=1), SpecConfig(k=K))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_medusa_shaped_tree_greedy_equals_plain_greedy_on_gemma(real_model, real_tokenizer):
+    """The 63-node Medusa tree on Gemma 3 270M (sliding-window and global layers, 64-row blocks)."""
+    prompts = ["The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",
+               "Write a short poem about the sea:"]
+    cfg = GenerateConfig(max_new_tokens=32, batch_size=2)
+    ref, _ = Generator(real_model, real_tokenizer).generate(prompts, cfg)
+    tree = StaticTree.from_paths(MEDUSA_63)
+    gen = SpeculativeGenerator(real_model, real_tokenizer, drafter=OracleTreeDrafter(tree),
+                               draft_params=_ref_params(ref, 32))
+    out, stats = gen.generate(prompts, cfg, SpecConfig(k=tree.size, adaptive=False))
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    assert stats.tau > 2.5, stats.line()

@@ -1,9 +1,12 @@
 """Token trees: structure helpers against Python oracles, tree forward == chain forward, compaction."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from specjax.decode import tree as tree_lib
 from specjax.decode.tree import MEDUSA_63, StaticTree, TreeError, confident_length
@@ -85,6 +88,25 @@ def test_medusa_tree():
     assert StaticTree.chain(3).paths == ((0,), (0, 0), (0, 0, 0))
 
 
+def test_static_tree_from_accuracies_is_the_best_tree_by_brute_force():
+    acc = [[0.7, 0.2, 0.1], [0.6, 0.25, 0.1], [0.5, 0.3, 0.1]]
+    all_paths = [p for d in range(1, 4) for p in np.ndindex(*(3,) * d)]
+    value = {p: float(np.prod([acc[d][r] for d, r in enumerate(p)])) for p in all_paths}
+    for size in (1, 4, 9):
+        tree = StaticTree.from_accuracies(acc, size)
+        assert tree.size == size
+        # The best possible: the top `size` node values (any such set is closed under parents).
+        best = sorted(value.values(), reverse=True)[:size]
+        assert sum(value[p] for p in tree.paths) == pytest.approx(sum(best))
+    assert StaticTree.from_accuracies(acc, 4).paths == ((0,), (1,), (0, 0), (0, 0, 0))
+    with pytest.raises(TreeError, match="tree size 40 must be in 1..39"):
+        StaticTree.from_accuracies(acc, 40)
+    with pytest.raises(TreeError, match=r"lie in \[0, 1\]"):
+        StaticTree.from_accuracies([[1.5]], 1)
+    with pytest.raises(TreeError, match="equal-length rows"):
+        StaticTree.from_accuracies([[0.5, 0.2], [0.5]], 2)
+
+
 @pytest.mark.parametrize("paths, message", [
     ([(0,), (1, 0)], r"tree path \(1, 0\) has no parent: its prefix \(1,\)"),
     ([(0,), (0,)], r"duplicate tree path \(0,\)"),
@@ -143,7 +165,7 @@ def test_tree_greedy_cases():
         [5, 5, 1, 0, 3, 4],  # both 0 (-> 2) and 1 (-> 4 -> 5) match; but len 4 cuts node 4 and 5
     ])
     len_b = jnp.array([6, 6, 6, 4])
-    acc, tok, path = tree_greedy_verify(_logits(argmax), tokens, parents, len_b)
+    acc, tok, path = jax.jit(tree_greedy_verify)(_logits(argmax), tokens, parents, len_b)
     assert acc.tolist() == [3, 3, 2, 2]
     assert path[:, :3].tolist() == [[1, 4, 5], [1, 4, 5], [0, 3, -1], [0, 2, -1]]
     # Emitted: the argmax along rows [0, 1 + path…].
@@ -153,8 +175,8 @@ def test_tree_greedy_cases():
 
 def test_tree_greedy_ties_take_the_lowest_index_and_nothing_valid_emits_the_target():
     parents = jnp.array([[-1, -1, -1], [-1, -1, -1]])
-    acc, tok, path = tree_greedy_verify(_logits([[2, 0, 4, 6, 7]] * 2), jnp.array([[1, 2, 2], [2, 2, 2]]), parents,
-                                        jnp.array([3, 0]))
+    tokens = jnp.array([[1, 2, 2], [2, 2, 2]])
+    acc, tok, path = jax.jit(tree_greedy_verify)(_logits([[2, 0, 4, 6, 7]] * 2), tokens, parents, jnp.array([3, 0]))
     assert acc.tolist() == [1, 0] and path[:, 0].tolist() == [1, -1]
     assert tok[0, :2].tolist() == [2, 4] and tok[1, 0] == 2
 
@@ -168,7 +190,7 @@ def test_tree_greedy_on_a_chain_equals_chain_greedy():
                       jnp.asarray(rng.integers(0, v, (64, k)))).astype(jnp.int32)
     len_b = jnp.asarray(rng.integers(0, k + 1, 64), jnp.int32)
     acc_c, tok_c = greedy_verify(logits, draft, len_b)
-    acc_t, tok_t, path = tree_greedy_verify(logits, draft, StaticTree.chain(k).parent_bk(64), len_b)
+    acc_t, tok_t, path = jax.jit(tree_greedy_verify)(logits, draft, StaticTree.chain(k).parent_bk(64), len_b)
     np.testing.assert_array_equal(acc_c, acc_t)
     for i, a in enumerate(np.asarray(acc_c)):
         assert tok_c[i, :a + 1].tolist() == tok_t[i, :a + 1].tolist()
@@ -177,33 +199,43 @@ def test_tree_greedy_on_a_chain_equals_chain_greedy():
 
 
 # --------------------------------------------------------------------------- the tiny model
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, tokens_bt, positions_bt, cache, start_b, mask_btt):
+    model = nnx.merge(graphdef, state)
+    hidden_btd, cache = model(tokens_bt, positions_bt, cache, start_b, mask_btt)
+    return model.logits(hidden_btd), cache
+
+
 def test_tree_forward_equals_chain_forward_along_every_path(tiny_model):
-    """One tree forward gives, at every node, the chain forward's hidden state along the node's
-    path (through depth 6 > the local window 4), and compaction leaves the cache as the chain's."""
+    """One tree forward gives, at every node, the chain forward's logits along the node's path
+    (through depth 6 > the local window 4), and compaction leaves the cache as the chain's."""
+    graphdef, state = nnx.split(tiny_model)
     rng = np.random.default_rng(3)
     prompt = jnp.asarray(rng.integers(3, 64, (1, 7)), jnp.int32)
     parents = np.array([-1, -1, 0, 0, 2, 4, 5, 6, 1], np.int32)  # a depth-6 spine plus side branches
     tokens = jnp.asarray(rng.integers(3, 64, (1, len(parents))), jnp.int32)
     k, slots = len(parents), 24
     pos = prompt.shape[1] - 1
-    _, cache0 = tiny_model(prompt[:, :-1], jnp.arange(pos)[None], tiny_model.init_cache(1, slots), jnp.zeros(1, int))
+    causal = lambda t: jnp.tril(jnp.ones((1, t, t), bool))
+    _, cache0 = _forward(graphdef, state, prompt[:, :-1], jnp.arange(pos)[None], tiny_model.init_cache(1, slots),
+                         jnp.zeros(1, jnp.int32), causal(pos))
     anc = tree_lib.ancestor_mask(jnp.asarray(parents)[None])
     depth = tree_lib.depths(anc)
     block = jnp.concatenate([prompt[:, -1:], tokens], axis=1)
-    start = jnp.array([pos])
-    hid_tree, cache_tree = tiny_model(block, tree_lib.block_positions(start, depth), cache0, start,
-                                      tree_lib.block_mask(anc))
-    logits_tree = tiny_model.logits(hid_tree)
+    start = jnp.array([pos], jnp.int32)
+    logits_tree, cache_tree = _forward(graphdef, state, block, tree_lib.block_positions(start, depth), cache0, start,
+                                       tree_lib.block_mask(anc))
     anc_np, depth_np = oracle_ancestors(parents)
     leaves = [j for j in range(k) if j not in parents]
     for leaf in leaves:
         path = [i for i in range(k) if anc_np[leaf, i]]  # ancestors in index order = root-to-leaf order
-        chain = jnp.concatenate([prompt[:, -1:], tokens[:, path]], axis=1)
-        hid_chain, cache_chain = tiny_model(chain, pos + jnp.arange(len(path) + 1)[None], cache0, start)
-        rows = [0] + [1 + i for i in path]
-        np.testing.assert_allclose(logits_tree[0, rows], tiny_model.logits(hid_chain)[0], rtol=1e-5, atol=1e-5)
-        # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         d = len(path)
+        chain = jnp.concatenate([prompt[:, -1:], tokens[:, path]], axis=1)
+        logits_chain, cache_chain = _forward(graphdef, state, chain, pos + jnp.arange(d + 1)[None], cache0, start,
+                                             causal(d + 1))
+        rows = [0] + [1 + i for i in path]
+        np.testing.assert_allclose(logits_tree[0, rows], logits_chain[0], rtol=1e-5, atol=1e-5)
+        # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         moved = move_slots(cache_tree, jnp.asarray([[pos + 1 + i for i in path]]), pos + 1 + jnp.arange(d)[None])
         for got, want in zip(moved.k + moved.v, cache_chain.k + cache_chain.v, strict=True):
             np.testing.assert_allclose(got[0, :pos + 1 + d], want[0, :pos + 1 + d], rtol=1e-5, atol=1e-6)

@@ -266,8 +266,9 @@ def test_tree_sampling_on_a_chain_with_top_k_1_is_greedy():
     logits = jnp.asarray(rng.normal(size=(32, 5, 6)), jnp.float32)
     draft = jnp.where(jnp.asarray(rng.random((32, 4)) < 0.7), jnp.argmax(logits[:, :4], -1), 0).astype(jnp.int32)
     parents = jnp.broadcast_to(jnp.arange(-1, 3), (32, 4))
-    g_acc, g_tok, g_path = tree_greedy_verify(logits, draft, parents, jnp.full((32,), 4))
-    acc, tok, path = tree_sampling_verify(logits, draft, parents, jnp.full((32,), 4), jax.random.key(3), 1.0, 1, 1.0)
+    g_acc, g_tok, g_path = jax.jit(tree_greedy_verify)(logits, draft, parents, jnp.full((32,), 4))
+    acc, tok, path = jax.jit(tree_sampling_verify, static_argnums=6)(logits, draft, parents, jnp.full((32,), 4),
+                                                                     jax.random.key(3), 1.0, 1, 1.0)
     np.testing.assert_array_equal(acc, g_acc)
     np.testing.assert_array_equal(path, g_path)
     for i, a in enumerate(np.asarray(acc)):

@@ -21,7 +21,7 @@ def tiny_cli(monkeypatch):
     ({}, {"grammar": "/nonexistent/g.lark"}, "grammar='/nonexistent/g.lark': no such file"),
     ({"g.lark": 'start: "a" b\nb: ( "x"'}, {"grammar": "g.lark"}, "g.lark: invalid Lark grammar: Unexpected token"),
     ({"g.lark": 'start: "a" c'}, {"grammar": "g.lark"}, "Rule 'c' used but not defined"),
-    ({"g.lark": 'start: "a"'}, {"grammar": "g.lark", "grammar_start": "top"}, "undefined rule: NonTerminal('top')"),
+    ({"g.lark": 'start: "a"'}, {"grammar": "g.lark", "grammar_start": "top"}, "no rule named 'top'"),
     ({"s.json": '{"type": "object", "not": {}}'}, {"json_schema": "s.json"}, "s.json: JSON Schema keyword 'not' at #"),
     ({"s.json": '{"type": "object",\n "x": }'}, {"json_schema": "s.json"}, "s.json:2:7: invalid JSON"),
     ({}, {"regex": "(a)\\1"}, "backreference"),

@@ -108,7 +108,8 @@ def check_outputs(kinds, completions):
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=5),
-                                      SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, seed=2)])
+                                      pytest.param(SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, seed=2),
+                                                   marks=pytest.mark.slow)])
 def test_mixed_grammar_batch_outputs_are_accepted(plain, sampling):
     kinds = ["json", "arith", "regex", "json", "regex", "arith"]
     prompts = (PROMPTS * 2)[:len(kinds)]
@@ -127,7 +128,7 @@ def test_one_grammar_for_all_rows_and_sampling_varies(plain):
     assert len({o.text for o in out}) > 1  # it sampled
 
 
-@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 3])
 def test_speculative_greedy_equals_plain_constrained_greedy(plain, spec, batch_size):
     kinds = ["regex", "arith", "json"]
     cfg = GenerateConfig(max_new_tokens=48, batch_size=batch_size, grammar=tuple(SPECS[k] for k in kinds))

@@ -92,3 +92,12 @@ def hf_reference(real_model_path):
         folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     return model, tokenizer
+
+
+@pytest.fixture
+def tiny_train_config(tmp_path):
+    """A tiny training run's config factory (tests/train; one conftest for the whole suite, since every
+    conftest.py is imported under the same module name and a second one would shadow this file)."""
+    from tiny_runs import tiny_run  # tests/train/tiny_runs.py: that folder is on sys.path for its tests
+
+    return lambda kind="draft", **changes: tiny_run(tmp_path / "run", kind, **changes)

@@ -222,5 +222,5 @@ def test_factory_builds_layer_skip_with_a_reduced_vocabulary(tiny_model, tmp_pat
     np.testing.assert_array_equal(head.table_nd, np.asarray(tiny_model.embed[...])[sorted([1, a, b, c])])
     with pytest.raises(GenerationError, match="exceed the target's 3 layers"):
         build_drafter(SpecConfig(method="layerskip", layers=(0, 3)), tiny_model, ByteTokenizer())
-    with pytest.raises(GenerationError, match="method 'medusa' is unknown"):
-        SpecConfig(method="medusa")
+    with pytest.raises(GenerationError, match="method 'bogus' is unknown"):
+        SpecConfig(method="bogus")

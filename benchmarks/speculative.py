@@ -5,8 +5,11 @@ call over the set), speedup over plain specjax decoding measured in the same loo
 forward, COUNTING the correction/bonus token), acceptance by draft position, the share of plain one-token
 rounds and the mean draft length adaptive drafting chose, and (T=0) whether the tokens equal plain greedy's.
 
-    python benchmarks/speculative.py [--sets grounded,dev] [--methods ngram] [--k 4,8] [--batch 1,8]
-                                     [--temps 0,1] [--new-tokens 128] [--reps 2] [--peers]
+    python benchmarks/speculative.py [--sets grounded,dev] [--methods ngram,layerskip,...] [--k 4,8]
+                                     [--batch 1,8] [--temps 0,1] [--new-tokens 128] [--reps 2] [--peers]
+    methods: ngram | layerskip (--layers N, --draft-vocab N) | draft (--draft-model PATH) |
+             medusa (--medusa-checkpoint RUN) | eagle (--eagle-checkpoint RUN, --eagle-depth, --eagle-top-k);
+             for medusa/eagle, --k is the token tree's node count
 
 Prompt sets (chat template applied; instructions for an instruction-tuned model):
   grounded  input-grounded tasks built from text every Python install has (the standard library's
@@ -59,10 +62,20 @@ def dev_prompts(n: int) -> dict[str, str]:
 
 def method_setup(name: str, model, tok, k: int, args) -> tuple[SpeculativeGenerator, SpecConfig]:
     """(generator, config) of a speculative method; the drafter's own options come from args."""
-    if name == "ngram":
-        return SpeculativeGenerator(model, tok), SpecConfig(k=k, adaptive=not args.no_adaptive,
-                                                            min_expected_accept=args.min_expected_accept)
-    raise SystemExit(f"unknown method {name!r} (available: ngram)")
+    extra = {
+        "ngram": {},
+        "layerskip": {"layers": args.layers, "draft_vocab": args.draft_vocab,
+                      "draft_vocab_corpus": args.draft_vocab_corpus if args.draft_vocab else None},
+        "draft": {"draft_model": args.draft_model},
+        "medusa": {"draft_checkpoint": args.medusa_checkpoint},
+        "eagle": {"draft_checkpoint": args.eagle_checkpoint, "eagle_depth": args.eagle_depth,
+                  "eagle_top_k": args.eagle_top_k},
+    }
+    if name not in extra:
+        raise SystemExit(f"unknown method {name!r} (available: {', '.join(extra)})")
+    cfg = SpecConfig(k=k, method=name, adaptive=not args.no_adaptive, min_expected_accept=args.min_expected_accept,
+                     **extra[name])
+    return SpeculativeGenerator(model, tok), cfg
 
 
 def median_run(fn, reps: int):
@@ -188,6 +201,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--min-expected-accept", type=float, default=SpecConfig.min_expected_accept)
     ap.add_argument("--no-adaptive", action="store_true", help="speculate every round")
+    ap.add_argument("--layers", type=int, default=15, help="layerskip: early exit after N layers")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="layerskip: reduced draft vocabulary size")
+    ap.add_argument("--draft-vocab-corpus", default=str(SHARED / "alpaca_eval.jsonl"))
+    ap.add_argument("--draft-model", default=None, help="draft: a .gguf, HF directory or specjax training run")
+    ap.add_argument("--medusa-checkpoint", default=None, help="medusa: a specjax.train run directory")
+    ap.add_argument("--eagle-checkpoint", default=None, help="eagle: a specjax.train run directory")
+    ap.add_argument("--eagle-depth", type=int, default=4)
+    ap.add_argument("--eagle-top-k", type=int, default=4)
     ap.add_argument("--peers", action="store_true", help="also HF transformers and llama.cpp (batch 1, T=0)")
     ap.add_argument("--peer-method", default="ngram k=8")
     ap.add_argument("--hf-threads", type=int, default=2)

@@ -14,6 +14,7 @@ from pathlib import Path
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.jsonl import jsonl_rows
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.params import WeightsError
@@ -80,19 +81,12 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     if not p.is_file():
         raise OptionError(f"prompts_file={path!r}: no such file")
     prompts = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise OptionError(f"{p}:{n}:{e.colno}: invalid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-                raise OptionError(f"{p}:{n}: expected an object with a string field \"prompt\"")
-            prompts.append(row["prompt"])
-            if limit is not None and len(prompts) >= limit:
-                break
+    for n, row in jsonl_rows(p, OptionError):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise OptionError(f"{p}:{n}: expected an object with a string field \"prompt\"")
+        prompts.append(row["prompt"])
+        if limit is not None and len(prompts) >= limit:
+            break
     if not prompts:
         raise OptionError(f"{p}: no prompts found")
     return prompts

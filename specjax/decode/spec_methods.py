@@ -10,7 +10,6 @@ drafters can draft over a reduced vocabulary: the `draft_vocab` most frequent ta
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from specjax.decode.drafters import NgramDrafter
 from specjax.decode.generate import GenerationError
+from specjax.jsonl import jsonl_rows
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError
 from specjax.models.loading import DEFAULT_MODEL
 
@@ -61,16 +61,9 @@ def corpus_texts(path: str | Path) -> list[str]:
     if p.suffix != ".jsonl":
         return [p.read_text(encoding="utf-8", errors="replace")]
     texts = []
-    with p.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise GenerationError(f"{p}:{n}:{e.colno}: invalid JSON ({e.msg})") from None
-            if isinstance(row, dict):
-                texts.extend(v for v in row.values() if isinstance(v, str))
+    for _, row in jsonl_rows(p, GenerationError):
+        if isinstance(row, dict):
+            texts.extend(v for v in row.values() if isinstance(v, str))
     return texts
 
 

@@ -13,12 +13,12 @@ the number of batches consumed, so a resumed run reads exactly the batches it wo
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from specjax.jsonl import jsonl_rows
 from specjax.train.config import TrainConfigError
 
 
@@ -109,18 +109,11 @@ def read_texts(path: str | Path, fmt: str, field: str = "text") -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise TrainConfigError(f"data.path: file not found: {path}")
-    text = path.read_text(encoding="utf-8")
     if fmt == "text":
+        text = path.read_text(encoding="utf-8")
         return [d.strip() for d in text.split("\n\n") if d.strip()]
     docs = []
-    # split("\n"), not splitlines(): JSON strings may hold U+2028, which splitlines() breaks on.
-    for lineno, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TrainConfigError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})") from None
+    for lineno, obj in jsonl_rows(path, TrainConfigError):
         if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
             raise TrainConfigError(f"{path}:{lineno}: no string field {field!r} (set data.text_field)")
         docs.append(obj[field])

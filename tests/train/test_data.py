@@ -53,7 +53,7 @@ def test_text_and_jsonl_corpora(tmp_path, byte_tokenizer):
     with pytest.raises(TrainConfigError, match=r"a.jsonl:3: no string field 'text'"):
         read_texts(tmp_path / "a.jsonl", "jsonl")
     (tmp_path / "b.jsonl").write_text('{"text": "x"}\n{oops\n')
-    with pytest.raises(TrainConfigError, match=r"b.jsonl:2: not valid JSON"):
+    with pytest.raises(TrainConfigError, match=r"b.jsonl:2:\d+: invalid JSON"):
         read_texts(tmp_path / "b.jsonl", "jsonl")
     docs = corpus_documents(["ab"], byte_tokenizer)
     np.testing.assert_array_equal(docs[0].target_n, [0, 1, 1])  # BOS is not a target

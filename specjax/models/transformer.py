@@ -9,7 +9,7 @@ from flax import nnx
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
-from specjax.models.quant import BlockQuant
+from specjax.models.quant import MAX_CHUNKED_ROWS, BlockQuant
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
@@ -143,12 +143,17 @@ class Transformer(nnx.Module):
     def logits(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """Vocabulary logits (float32) for the given hidden states.
 
-        A single row goes through the exact int8 copy of a quantised head when the loader
-        attached one (`quant.py` explains why only then).
+        When the loader attached an exact int8 copy of a quantised head, one row uses its
+        fused product and up to MAX_CHUNKED_ROWS rows on CPU its block-wise product
+        (`quant.py` explains why only then); everything else uses the float32 table.
         """
         b, t, d = hidden_btd.shape
         if self.head_quant is not None and b * t == 1:
             logits = self.head_quant.matvec(hidden_btd.reshape(1, -1), live).reshape(1, 1, -1)
+        elif self.head_quant is not None and b * t <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu":
+            # Few rows on CPU (verification, batches): block-wise int8 conversion beats the
+            # float32 GEMM; accelerators keep the one large product.
+            logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t, -1)
         else:
             table_vd = self.embed[...] if self.head is None else self.head[...]
             # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.models.quant import BlockQuant, block_quant_from_gguf
+from specjax.models.quant import MAX_CHUNKED_ROWS, BlockQuant, block_quant_from_gguf
 
 
 class FakeTensor:
@@ -42,7 +42,25 @@ def test_head_uses_the_copy_for_one_row_only_and_agrees(tiny_model):
     model.head_quant = BlockQuant(arrays["values"], arrays["scale"])
     np.testing.assert_allclose(model.logits(h[:1]), ref_one, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(model.logits(h[:1], live=jnp.int32(3)), ref_one, rtol=1e-6, atol=1e-5)
-    np.testing.assert_array_equal(model.logits(h), ref_many)  # several rows: the float32 table
+    # A few rows: the block-wise int8 product on CPU (same weights, other summation order).
+    np.testing.assert_allclose(model.logits(h), ref_many, rtol=1e-6, atol=1e-5)
+    many = jnp.asarray(np.random.default_rng(3).standard_normal((1, MAX_CHUNKED_ROWS + 1, 32)), jnp.float32)
+    ref = model.logits(many)
+    model.head_quant = None
+    np.testing.assert_array_equal(ref, model.logits(many))  # beyond MAX_CHUNKED_ROWS: the float32 table
+
+
+@pytest.mark.parametrize("with_offset", [False, True])
+def test_chunked_product_equals_the_dequantised_product(with_offset):
+    rng = np.random.default_rng(4)
+    values = rng.integers(-127, 128, (512, 64)).astype(np.int8)
+    scale = rng.random((512, 2)).astype(np.float32)
+    offset = rng.random((512, 2)).astype(np.float32) if with_offset else None
+    bq = BlockQuant(values, scale, offset)
+    x = jnp.asarray(rng.standard_normal((5, 64)), jnp.float32)
+    want = np.asarray(x) @ np.asarray(bq.dequantized()).T
+    for chunk in (128, 100, 2048):  # four blocks; a non-divisor (→ 64-row blocks); one block
+        np.testing.assert_allclose(bq.matmul_chunked(x, chunk), want, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.real_model

@@ -190,9 +190,14 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
     what plain constrained decoding samples from.
     """
 
-    def masked_logits(hidden_btd, state_bt):
-        logits_btv = model.logits(hidden_btd)  # k+1 rows per sequence: the float32 head
-        return logits_btv if grammar is None else constrain.mask_block(grammar, state_bt, logits_btv)
+    def verify_target(hidden_btd, state_bt):
+        """Greedy: the target's argmax tokens [B, k+1]; sampling: its (masked) logits [B, k+1, V]."""
+        if sampling.greedy and grammar is None:
+            return model.greedy_tokens(hidden_btd)
+        logits_btv = model.logits(hidden_btd)
+        if grammar is not None:
+            logits_btv = constrain.mask_block(grammar, state_bt, logits_btv)
+        return jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if sampling.greedy else logits_btv
 
     def ema(old_b, new_b, where_b):
         w = adapt.ema_weight if adapt is not None else 0.3
@@ -205,11 +210,11 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         # Finished rows still ride along (static shapes); their writes land on slots they
         # will never read, within the cache because their pos_b stopped advancing.
         hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b)
-        logits_btv = masked_logits(hidden_btd, state_bt)
+        target = verify_target(hidden_btd, state_bt)
         if sampling.greedy:
-            accepted_b, tokens_bt = greedy_verify(logits_btv, draft.tokens_bk, draft.len_b)
+            accepted_b, tokens_bt = greedy_verify(target, draft.tokens_bk, draft.len_b)
         else:
-            accepted_b, tokens_bt = sampling_verify(logits_btv, draft.tokens_bk, draft.len_b, key, temperature,
+            accepted_b, tokens_bt = sampling_verify(target, draft.tokens_bk, draft.len_b, key, temperature,
                                                     sampling.top_k, static_top_p, draft.q_probs_bkv)
         return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b
 
@@ -220,13 +225,13 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         block_bt = jnp.concatenate([s.last_b[:, None], draft.tokens_bk], axis=1)
         positions_bt = tree_lib.block_positions(s.pos_b, depth_bk)
         hidden_btd, cache = model(block_bt, positions_bt, s.cache, s.pos_b, tree_lib.block_mask(anc_bkk))
-        logits_btv = masked_logits(hidden_btd, state_bt)
+        target = verify_target(hidden_btd, state_bt)
         if sampling.greedy:
-            accepted_b, tokens_bt, path_bk = tree_greedy_verify(logits_btv, draft.tokens_bk, draft.parent_bk,
+            accepted_b, tokens_bt, path_bk = tree_greedy_verify(target, draft.tokens_bk, draft.parent_bk,
                                                                 draft.len_b)
         else:
             accepted_b, tokens_bt, path_bk = tree_sampling_verify(
-                logits_btv, draft.tokens_bk, draft.parent_bk, draft.len_b, key, temperature, sampling.top_k,
+                target, draft.tokens_bk, draft.parent_bk, draft.len_b, key, temperature, sampling.top_k,
                 static_top_p, draft.q_probs_bkv)
         # The path's keys/values sit at slots pos + 1 + node; committed slot s must hold position s.
         i_bk = jnp.arange(k)[None, :]

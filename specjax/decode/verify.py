@@ -31,14 +31,15 @@ def _accepted_prefix(ok_bk: jax.Array) -> jax.Array:
     return jnp.sum(jnp.cumprod(ok_bk.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
 
 
-def greedy_verify(target_logits_btv: jax.Array, draft_bk: jax.Array, draft_len_b: jax.Array):
+def greedy_verify(target_bt: jax.Array, draft_bk: jax.Array, draft_len_b: jax.Array):
     """Accepts the longest draft prefix equal to the target's argmax.
 
     Since accepted draft tokens equal the argmax, the emitted tokens are simply the
     argmax at positions 0 … accepted: the prefix, then the correction (or the bonus).
 
     Args:
-      target_logits_btv: target logits [B, k+1, V] over the block [last, d_1 … d_k].
+      target_bt: the target's argmax [B, k+1] over the block [last, d_1 … d_k] (int32;
+        `Transformer.greedy_tokens`, or the argmax of masked logits).
       draft_bk: draft tokens [B, k].
       draft_len_b: real proposals per row (0..k).
 
@@ -46,7 +47,6 @@ def greedy_verify(target_logits_btv: jax.Array, draft_bk: jax.Array, draft_len_b
       (accepted_b [B], tokens_bt [B, k+1]).
     """
     k = draft_bk.shape[1]
-    target_bt = jnp.argmax(target_logits_btv, axis=-1).astype(jnp.int32)
     ok_bk = (draft_bk == target_bt[:, :k]) & (jnp.arange(k)[None, :] < draft_len_b[:, None])
     return _accepted_prefix(ok_bk), target_bt
 
@@ -135,7 +135,7 @@ def _deepest_path(acc_bk: jax.Array, anc_bkk: jax.Array, depth_bk: jax.Array):
     return accepted_b, path_bk
 
 
-def tree_greedy_verify(target_logits_btv: jax.Array, draft_bk: jax.Array, parent_bk: jax.Array,
+def tree_greedy_verify(target_bt: jax.Array, draft_bk: jax.Array, parent_bk: jax.Array,
                        draft_len_b: jax.Array):
     """Greedy verification of a token tree: the deepest path that the target's argmax follows.
 
@@ -145,7 +145,7 @@ def tree_greedy_verify(target_logits_btv: jax.Array, draft_bk: jax.Array, parent
     at the block rows [0, 1 + path…], exactly what plain greedy decoding would emit.
 
     Args:
-      target_logits_btv: target logits [B, k+1, V] over the block [last, node_0 … node_{k-1}].
+      target_bt: the target's argmax [B, k+1] over the block [last, node_0 … node_{k-1}].
       draft_bk: node tokens [B, k]; parent_bk: node parents [B, k] (-1: the root).
       draft_len_b: real nodes per row (nodes j >= draft_len_b are never accepted).
 
@@ -153,7 +153,6 @@ def tree_greedy_verify(target_logits_btv: jax.Array, draft_bk: jax.Array, parent
       (accepted_b [B], tokens_bt [B, k+1], path_bk [B, k]).
     """
     k = draft_bk.shape[1]
-    target_bt = jnp.argmax(target_logits_btv, axis=-1).astype(jnp.int32)
     anc_bkk = tree_lib.ancestor_mask(parent_bk)
     want_bk = jnp.take_along_axis(target_bt, tree_lib.sanitize_parents(parent_bk) + 1, axis=1)
     ok_bk = (draft_bk == want_bk) & (jnp.arange(k)[None, :] < draft_len_b[:, None])

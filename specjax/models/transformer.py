@@ -164,6 +164,14 @@ class Transformer(nnx.Module):
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else jnp.tanh(logits / cap) * cap
 
+    def greedy_tokens(self, hidden_btd: jax.Array) -> jax.Array:
+        """argmax of `logits(hidden_btd)` (int32 [B, T]); few rows on CPU never build the logits."""
+        b, t, d = hidden_btd.shape
+        if (self.head_quant is not None and self.cfg.final_logit_softcap is None
+                and 1 < b * t <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu"):
+            return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
+        return jnp.argmax(self.logits(hidden_btd), axis=-1).astype(jnp.int32)
+
     def init_cache(self, batch: int, slots: int) -> KVCache:
         c = self.cfg
         return KVCache.zeros(c.n_layers, batch, slots, c.n_kv_heads, c.head_dim, self.dtype)

@@ -147,12 +147,6 @@ def test_move_slots_matches_the_oracle():
 
 
 # --------------------------------------------------------------------------- greedy tree verification
-def _logits(argmax_bt, v=8):
-    x = np.zeros((*np.shape(argmax_bt), v), np.float32)
-    np.put_along_axis(x, np.asarray(argmax_bt)[..., None], 5.0, axis=-1)
-    return jnp.asarray(x)
-
-
 def test_tree_greedy_cases():
     # Tree: 0 and 1 under the root, 2 and 3 under 0, 4 under 1, 5 under 4.
     parents = jnp.array([[-1, -1, 0, 0, 1, 4]] * 4)
@@ -165,7 +159,7 @@ def test_tree_greedy_cases():
         [5, 5, 1, 0, 3, 4],  # both 0 (-> 2) and 1 (-> 4 -> 5) match; but len 4 cuts node 4 and 5
     ])
     len_b = jnp.array([6, 6, 6, 4])
-    acc, tok, path = jax.jit(tree_greedy_verify)(_logits(argmax), tokens, parents, len_b)
+    acc, tok, path = jax.jit(tree_greedy_verify)(jnp.asarray(argmax, jnp.int32), tokens, parents, len_b)
     assert acc.tolist() == [3, 3, 2, 2]
     assert path[:, :3].tolist() == [[1, 4, 5], [1, 4, 5], [0, 3, -1], [0, 2, -1]]
     # Emitted: the argmax along rows [0, 1 + path…].
@@ -176,7 +170,8 @@ def test_tree_greedy_cases():
 def test_tree_greedy_ties_take_the_lowest_index_and_nothing_valid_emits_the_target():
     parents = jnp.array([[-1, -1, -1], [-1, -1, -1]])
     tokens = jnp.array([[1, 2, 2], [2, 2, 2]])
-    acc, tok, path = jax.jit(tree_greedy_verify)(_logits([[2, 0, 4, 6, 7]] * 2), tokens, parents, jnp.array([3, 0]))
+    target = jnp.asarray([[2, 0, 4, 6, 7]] * 2, jnp.int32)
+    acc, tok, path = jax.jit(tree_greedy_verify)(target, tokens, parents, jnp.array([3, 0]))
     assert acc.tolist() == [1, 0] and path[:, 0].tolist() == [1, -1]
     assert tok[0, :2].tolist() == [2, 4] and tok[1, 0] == 2
 
@@ -189,8 +184,9 @@ def test_tree_greedy_on_a_chain_equals_chain_greedy():
     draft = jnp.where(jnp.asarray(rng.random((64, k)) < 0.8), jnp.argmax(logits[:, :k], -1),
                       jnp.asarray(rng.integers(0, v, (64, k)))).astype(jnp.int32)
     len_b = jnp.asarray(rng.integers(0, k + 1, 64), jnp.int32)
-    acc_c, tok_c = greedy_verify(logits, draft, len_b)
-    acc_t, tok_t, path = jax.jit(tree_greedy_verify)(logits, draft, StaticTree.chain(k).parent_bk(64), len_b)
+    target = jnp.argmax(logits, -1).astype(jnp.int32)
+    acc_c, tok_c = greedy_verify(target, draft, len_b)
+    acc_t, tok_t, path = jax.jit(tree_greedy_verify)(target, draft, StaticTree.chain(k).parent_bk(64), len_b)
     np.testing.assert_array_equal(acc_c, acc_t)
     for i, a in enumerate(np.asarray(acc_c)):
         assert tok_c[i, :a + 1].tolist() == tok_t[i, :a + 1].tolist()

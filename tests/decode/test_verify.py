@@ -55,7 +55,7 @@ def test_greedy_cases():
     logits = jnp.concatenate([_logits_for([3, 1, 4, 2])] * 5)
     draft_bk = jnp.array([[3, 1, 4], [0, 1, 4], [3, 0, 4], [3, 1, 4], [3, 1, 4]])
     draft_len_b = jnp.array([3, 3, 3, 1, 0])
-    accepted_b, tokens_bt = greedy_verify(logits, draft_bk, draft_len_b)
+    accepted_b, tokens_bt = greedy_verify(jnp.argmax(logits, -1), draft_bk, draft_len_b)
     assert accepted_b.tolist() == [3, 0, 1, 1, 0]  # all + bonus; first rejected; middle rejected; short drafts
     emitted = [tokens_bt[i, :a + 1].tolist() for i, a in enumerate(accepted_b.tolist())]
     assert emitted == [[3, 1, 4, 2], [3], [3, 1], [3, 1], [3]]
@@ -64,7 +64,7 @@ def test_greedy_cases():
 def test_top_k_1_sampling_is_greedy_for_any_key():
     logits = jnp.concatenate([_logits_for([3, 1, 4, 2])] * 3)
     draft_bk = jnp.array([[3, 1, 4], [0, 1, 4], [3, 0, 4]])
-    g_acc, g_tok = greedy_verify(logits, draft_bk, jnp.array([3, 3, 3]))
+    g_acc, g_tok = greedy_verify(jnp.argmax(logits, -1), draft_bk, jnp.array([3, 3, 3]))
     for seed in range(5):
         acc, tok = sampling_verify(logits, draft_bk, jnp.array([3, 3, 3]), jax.random.key(seed), 1.0, 1, 1.0)
         assert acc.tolist() == g_acc.tolist()
@@ -266,7 +266,7 @@ def test_tree_sampling_on_a_chain_with_top_k_1_is_greedy():
     logits = jnp.asarray(rng.normal(size=(32, 5, 6)), jnp.float32)
     draft = jnp.where(jnp.asarray(rng.random((32, 4)) < 0.7), jnp.argmax(logits[:, :4], -1), 0).astype(jnp.int32)
     parents = jnp.broadcast_to(jnp.arange(-1, 3), (32, 4))
-    g_acc, g_tok, g_path = jax.jit(tree_greedy_verify)(logits, draft, parents, jnp.full((32,), 4))
+    g_acc, g_tok, g_path = jax.jit(tree_greedy_verify)(jnp.argmax(logits, -1), draft, parents, jnp.full((32,), 4))
     acc, tok, path = jax.jit(tree_sampling_verify, static_argnums=6)(logits, draft, parents, jnp.full((32,), 4),
                                                                      jax.random.key(3), 1.0, 1, 1.0)
     np.testing.assert_array_equal(acc, g_acc)

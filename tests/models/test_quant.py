@@ -76,3 +76,14 @@ def test_every_quantised_tensor_of_the_embedded_model_is_covered():
     for t in quantised:
         arrays = block_quant_from_gguf(t)
         assert arrays is not None, t.name
+
+
+def test_chunked_argmax_equals_argmax_of_the_product_ties_included():
+    rng = np.random.default_rng(5)
+    values = rng.integers(-3, 4, (512, 64)).astype(np.int8)  # few distinct values: many exact ties
+    values[[7, 300, 301]] = 3  # the same (largest) row three times: the first must win
+    bq = BlockQuant(values, np.ones((512, 2), np.float32))
+    x = jnp.asarray(np.concatenate([np.ones((1, 64)), rng.standard_normal((4, 64))]), jnp.float32)
+    want = np.argmax(np.asarray(bq.matmul_chunked(x, 128)), axis=1)
+    assert want[0] == 7
+    np.testing.assert_array_equal(bq.argmax_chunked(x, 128), want)

@@ -89,6 +89,20 @@ def _emit(state, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
     return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b, stop_bn=stop_bn)
 
 
+def next_tokens(model, hidden_b1d, live, key, sampling, temperature, top_p, grammar=None, gram_b=None):
+    """One token per row from the final hidden states [B, 1, D] (masked by the grammar if any).
+
+    Greedy without a grammar asks the model for its argmax only, which for a few rows on CPU
+    never builds the [B, 262144] logits (`Transformer.greedy_tokens`).
+    """
+    if sampling.greedy and grammar is None and hidden_b1d.shape[0] > 1:
+        return model.greedy_tokens(hidden_b1d)[:, 0]
+    logits_bv = model.logits(hidden_b1d, live=live)[:, 0]
+    if grammar is not None:
+        logits_bv = constrain.mask(grammar, gram_b, logits_bv)
+    return sample(logits_bv, key, sampling, temperature, top_p)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",))
 def generate_program(
     graphdef,
@@ -154,10 +168,7 @@ def generate_program(
         # fused one-row product (quant.py): a loop boundary is opaque to XLA fusion.
         active_b = ~s.done_b
         key, sub = jax.random.split(s.key)
-        logits_bv = model.logits(s.hidden_b1d, live=s.steps)[:, 0]
-        if grammar is not None:
-            logits_bv = constrain.mask(grammar, s.gram_b, logits_bv)
-        tok_b = sample(logits_bv, sub, sampling, temperature, top_p)
+        tok_b = next_tokens(model, s.hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
         jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)

@@ -29,7 +29,7 @@ from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
 from specjax.decode.drafters import Observation
 from specjax.decode.generate import GenerationError
-from specjax.decode.sampling import SamplingConfig, sample
+from specjax.decode.sampling import SamplingConfig
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
 from specjax.models.kv_cache import KVCache, move_slots
 
@@ -270,10 +270,7 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         # copy from being hoisted out of the loop (quant.py).
         hidden_b1d = jax.lax.optimization_barrier(hidden_b1d)
         key, sub = jax.random.split(s.key)
-        logits_bv = model.logits(hidden_b1d, live=s.steps)[:, 0]
-        if grammar is not None:
-            logits_bv = constrain.mask(grammar, s.gram_b, logits_bv)
-        tok_b = sample(logits_bv, sub, sampling, temperature, top_p)
+        tok_b = loop.next_tokens(model, hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
         s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
         s = s.replace(
             cache=cache, key=key, steps=s.steps + 1,

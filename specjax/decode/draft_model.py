@@ -112,7 +112,11 @@ class DraftModelDrafter:
 
     def observe(self, model, draft_params, draft_state: KVCache, obs: Observation) -> KVCache:
         """Writes the round's committed tokens (all T block positions; those past n_b are overwritten later)."""
-        return self._feed(self._model(draft_params), draft_state, obs.tokens_bt, obs.pos_b + 1)
+        # A live row's block ends inside the cache (pos_b + T < slots); only a finished row (n_b = 0,
+        # its cache never read again) can reach past the end, so its start is capped to keep the
+        # write in bounds (the cache update would clamp it anyway).
+        start_b = jnp.minimum(obs.pos_b + 1, draft_state.num_slots - obs.tokens_bt.shape[1])
+        return self._feed(self._model(draft_params), draft_state, obs.tokens_bt, start_b)
 
     @staticmethod
     def _feed(draft: Transformer, cache: KVCache, tokens_bt: jax.Array, start_b: jax.Array) -> KVCache:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ByteTokenizer, tiny_config
 from flax import nnx
-from test_speculative import PROMPTS, K, EchoDrafter
+from test_speculative import PROMPTS, EchoDrafter, K
 
 from specjax.decode.drafters import Draft, NgramDrafter, is_cheap
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator

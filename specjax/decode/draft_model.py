@@ -4,30 +4,31 @@ The drafter is static (it holds the draft model's graphdef); the draft's weights
 `DraftModelParams`, a jit argument, and its KV cache is the loop's `draft_state`:
 
   * init: the draft model prefills the prompts into its own cache (slot s holds position s, as in
-    the target's cache; right-padding lands beyond each row's length and is overwritten later);
-  * propose: the draft re-feeds the row's last TWO committed tokens (positions pos_b - 1, pos_b),
-    then drafts k tokens with k - 1 one-token forwards.
+    the target's cache; right-padding lands beyond each row's length and is overwritten later),
+    then the first generated token at the prompt's length;
+  * observe: after every round, speculative or plain, the committed tokens are fed as one block
+    (positions pos_b + 1 …), so the draft cache always holds the whole committed text — also after
+    a run of plain rounds in which `propose` never ran (adaptive drafting of a costly drafter);
+  * propose: the draft re-feeds the row's last token (position pos_b; the same slot rewritten with
+    the same position, for the hidden state that predicts draft 1), then drafts k tokens with
+    k - 1 one-token forwards.
 
-Why two tokens always suffice: a round that started at pos fed the draft [last, d_1 … d_{k-1}] at
-pos … pos + k - 1, so after a accepted drafts (and the target's correction or bonus token) the
-draft cache is right below pos + 1 + min(a, k - 1) while the next round starts at pos' = pos + a + 1:
-one unseen token when a < k, two when every draft was accepted (d_k was drafted, never fed, and the
-bonus token is new). After a plain round (adaptive drafting) one token is unseen. Re-feeding a
-token the draft already saw rewrites the same slot with the same position. Rejected drafts' slots
-are simply overwritten by later writes, by position — no rollback copies.
+Slots of rejected drafts (and the block positions past a row's committed tokens) hold stale keys
+and values at positions the row has not committed; the masks never show them and later writes,
+by position, overwrite them — no rollback copies.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
-from specjax.decode.drafters import Draft, Prefill
+from specjax.decode.drafters import Draft, Observation, Prefill
 from specjax.decode.generate import GenerationError
 from specjax.models.draft_vocab import HeadTable
 from specjax.models.kv_cache import KVCache
@@ -54,6 +55,8 @@ class DraftModelDrafter:
       graphdef: the draft model's nnx graphdef (static).
       threshold: adaptive draft length (see `LayerSkipDrafter`); 0 = always k tokens.
     """
+
+    cheap: ClassVar[bool] = False  # k forwards of the draft model
 
     graphdef: Any
     threshold: float = 0.0
@@ -92,29 +95,36 @@ class DraftModelDrafter:
         positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         _, cache = draft(prefill.tokens_bt, positions_bt, draft.init_cache(b, prefill.num_slots),
                          jnp.zeros((b,), jnp.int32))
-        return cache
+        return self._feed(draft, cache, prefill.first_b[:, None], prefill.len_b)
 
     def propose(self, model, draft_params: DraftModelParams, state, k: int) -> tuple[Draft, KVCache]:
         draft = self._model(draft_params)
         cache: KVCache = state.draft_state
         layers = tuple(range(draft.cfg.n_layers))
-        # pos_b >= 1 always: the first round starts at the prompt's length (>= 1).
-        start_b = state.pos_b - 1
-        prev_b = jnp.take_along_axis(state.hist_bl, start_b[:, None], axis=1)[:, 0]
-        tokens_b2 = jnp.stack([prev_b, state.last_b], axis=1)
-        positions_b2 = start_b[:, None] + jnp.arange(2, dtype=jnp.int32)[None, :]
-        hidden_b2d, kv_k, kv_v = forward_layers(draft, layers, cache.k, cache.v, tokens_b2, positions_b2, start_b)
 
         def step(tok_b, pos_b, kv):
             hidden_b1d, k_new, v_new = forward_layers(draft, layers, *kv, tok_b[:, None], pos_b[:, None], pos_b)
             return hidden_b1d[:, 0], (k_new, v_new)
 
-        drafted, (kv_k, kv_v) = draft_chain(draft, draft_params.head, hidden_b2d[:, 1], (kv_k, kv_v), step, state, k,
-                                            self.threshold)
+        hidden_bd, kv = step(state.last_b, state.pos_b, (cache.k, cache.v))
+        drafted, (kv_k, kv_v) = draft_chain(draft, draft_params.head, hidden_bd, kv, step, state, k, self.threshold)
         return drafted, KVCache(k=kv_k, v=kv_v)
 
-    def observe(self, model, draft_params, draft_state, obs) -> KVCache:
-        return draft_state  # propose re-feeds what it has not seen from the loop's history
+    def observe(self, model, draft_params, draft_state: KVCache, obs: Observation) -> KVCache:
+        """Writes the round's committed tokens (all T block positions; those past n_b are overwritten later)."""
+        # A live row's block ends inside the cache (pos_b + T < slots); only a finished row (n_b = 0,
+        # its cache never read again) can reach past the end, so its start is capped to keep the
+        # write in bounds (the cache update would clamp it anyway).
+        start_b = jnp.minimum(obs.pos_b + 1, draft_state.num_slots - obs.tokens_bt.shape[1])
+        return self._feed(self._model(draft_params), draft_state, obs.tokens_bt, start_b)
+
+    @staticmethod
+    def _feed(draft: Transformer, cache: KVCache, tokens_bt: jax.Array, start_b: jax.Array) -> KVCache:
+        """The draft cache with tokens_bt[b] written at positions (= slots) start_b[b], start_b[b] + 1, …"""
+        positions_bt = start_b[:, None] + jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None, :]
+        _, kv_k, kv_v = forward_layers(draft, tuple(range(draft.cfg.n_layers)), cache.k, cache.v, tokens_bt,
+                                       positions_bt, start_b)
+        return KVCache(k=kv_k, v=kv_v)
 
 
 def slice_model(model: Transformer, layers) -> Transformer:

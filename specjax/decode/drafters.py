@@ -1,4 +1,4 @@
-"""Drafters: cheap proposals of the next tokens, checked later by one target forward.
+"""Drafters: proposals of the next tokens, checked later by one target forward.
 
 A drafter is a static (hashable) object called inside the jitted speculative loop
 (`speculative.py`). Its learned weights, if any, travel separately as `draft_params`, a jit
@@ -14,6 +14,14 @@ features). Three hooks:
 `observe` sees what the round committed together with the target's hidden states at those
 positions (`Observation`): what EAGLE and Medusa heads draft from.
 
+One class attribute, `cheap`, tells the adaptive policy (`spec_rounds.Adaptive`) what a draft
+costs. A cheap drafter (n-gram lookup: a few compares over the history) proposes every round,
+and plain rounds use that free draft as a "shadow" to keep its acceptance estimate fresh. A
+costly one (anything that runs a network: layer skip, a draft model, Medusa, EAGLE) proposes only
+in speculative rounds, so a plain round costs what plain decoding does; its estimate is refreshed
+by a probe round every `Adaptive.probe_every` plain rounds instead. `observe` runs after every
+round either way, so a costly drafter's state never misses a committed token.
+
 A `Draft` holds k token ids per row, how many are real proposals (0 means "no idea": the
 row emits the target's own token this round), and optionally the draft distribution q each
 token was sampled from. Deterministic drafters (n-gram lookup, top-k trees) return
@@ -23,7 +31,7 @@ q = None, which verification treats as a point mass on the token.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -96,13 +104,25 @@ class Drafter(Protocol):
     `state.last_b` at position `state.pos_b`, is the token the next target forward starts
     from), `state.cache` (the target's KV cache, valid below pos_b) and its own
     `state.draft_state`.
+
+    Attributes:
+      cheap: whether `propose` costs next to nothing (class attribute; see the module doc). A
+        drafter that does not declare it is treated as costly (`is_cheap`).
     """
+
+    cheap: ClassVar[bool]
 
     def init(self, model, draft_params, prefill: Prefill) -> Any: ...
 
     def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]: ...
 
     def observe(self, model, draft_params, draft_state, obs: Observation) -> Any: ...
+
+
+def is_cheap(drafter) -> bool:
+    """Whether the loop may run `drafter.propose` in every round (undeclared: False, the safe side —
+    a costly drafter run every round would cost more than plain decoding)."""
+    return bool(getattr(drafter, "cheap", False))
 
 
 class StatelessDrafter:
@@ -125,6 +145,8 @@ class NgramDrafter(StatelessDrafter):
         shorter one).
       min_ngram: shortest tail that counts as a match.
     """
+
+    cheap: ClassVar[bool] = True  # compares over the history: proposing in every round is free
 
     max_ngram: int = 3
     min_ngram: int = 1

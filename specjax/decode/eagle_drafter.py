@@ -24,7 +24,7 @@ which keeps tree sampling lossless with any weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,8 @@ class EagleDrafter:
         fall back to plain rounds when the head is unsure.
     The tree budget is the loop's k (SpecConfig.k): 1 <= k <= top_k + (depth-1)·top_k².
     """
+
+    cheap: ClassVar[bool] = False  # depth - 1 head forwards, each with a head product
 
     graphdef: Any
     depth: int = 4

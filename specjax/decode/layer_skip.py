@@ -21,7 +21,7 @@ row of 256 slots: 0.5 MB per layer), small next to one read of the head.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
 from specjax.decode.drafters import Draft, StatelessDrafter
@@ -43,6 +43,8 @@ class LayerSkipDrafter(StatelessDrafter):
       threshold: adaptive draft length: a draft stops at its first position whose top draft
         probability is below this (0 = always k tokens).
     """
+
+    cheap: ClassVar[bool] = False  # k forwards through the kept layers and the head
 
     layers: tuple[int, ...]
     threshold: float = 0.0

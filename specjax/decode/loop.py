@@ -24,13 +24,21 @@ from specjax.models.kv_cache import KVCache
 REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
 
 
-@struct.dataclass
-class DecodeState:
-    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; hidden_b1d is the final hidden
-    state of its latest token (slot pos_b - 1), from which the next token is sampled."""
+@struct.dataclass(kw_only=True)
+class RowState:
+    """What every decode loop carries per row: its output, position, stopping state (what `_emit`
+    updates) and the loop's key and step count. Row b has produced out_bn[b, :count_b[b]].
+
+    Attributes:
+      pos_b: position of the row's next cache write (plain loop) or of its latest token (speculative
+        loop, `spec_rounds.SpecState`).
+      done_b, reason_b: whether the row has finished and why (REASON_*).
+      stop_bn: each row's stop-string matcher states (`stops.py`).
+      steps: loop iterations so far (target forwards for the whole batch).
+      gram_b: each row's grammar state (constrained decoding), else None.
+    """
 
     cache: KVCache
-    hidden_b1d: jax.Array
     out_bn: jax.Array
     pos_b: jax.Array
     count_b: jax.Array
@@ -39,7 +47,15 @@ class DecodeState:
     stop_bn: jax.Array
     key: jax.Array
     steps: jax.Array
-    gram_b: jax.Array | None = None  # each row's grammar state (constrained decoding), else None
+    gram_b: jax.Array | None = None
+
+
+@struct.dataclass(kw_only=True)
+class DecodeState(RowState):
+    """Plain loop carry: hidden_b1d is the final hidden state of each row's latest token (slot
+    pos_b - 1), from which the next token is sampled."""
+
+    hidden_b1d: jax.Array
 
 
 class FirstTokenClock:
@@ -60,7 +76,7 @@ class FirstTokenClock:
 CLOCK = FirstTokenClock()
 
 
-def _emit(state, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
+def _emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
     """Appends one token per active row and updates the stopping conditions.
 
     With a grammar (`constrain.BatchGrammar`), active rows advance their state `gram_b` by the token,
@@ -103,6 +119,18 @@ def next_tokens(model, hidden_b1d, live, key, sampling, temperature, top_p, gram
     return sample(logits_bv, key, sampling, temperature, top_p)
 
 
+def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array):
+    """Runs right-padded prompts [B, T] through the model from slot 0.
+
+    Returns:
+      (final hidden states [B, T, D], each row's at its last prompt token [B, 1, D], the cache).
+    """
+    b, t = prompt_bt.shape
+    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
+    return hidden_btd, jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1), cache
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",))
 def generate_program(
     graphdef,
@@ -139,10 +167,8 @@ def generate_program(
       (DecodeState after the loop, its cache being the donated buffer updated in place).
     """
     model = nnx.merge(graphdef, params)
-    b, t = prompt_bt.shape
-    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
-    last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
+    b = prompt_bt.shape[0]
+    _, last_hidden_b1d, cache = prefill(model, cache, prompt_bt, len_b)
 
     n_stop = 0 if stop_tables is None else stop_tables.count
     state = DecodeState(

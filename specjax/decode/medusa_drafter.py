@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,8 @@ class MedusaDrafter:
       tree: the static tree; its depth must not exceed the number of heads.
       n_heads: heads in the module (checked against the tree's depth).
     """
+
+    cheap: ClassVar[bool] = False  # one vocabulary-wide head product per Medusa head
 
     graphdef: Any
     tree: StaticTree

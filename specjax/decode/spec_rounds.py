@@ -8,12 +8,20 @@ loop body is `lax.cond(any row expects enough accepted tokens, speculative, plai
 speculating only pays when the drafts are good.
 
 Draft quality is tracked per row as an exponential moving average of the tokens a draft gets
-accepted (`accept_ema_b`). Speculative rounds update it from verification. Plain rounds update it
-for free from a *shadow draft*: the draft a row had when it last stopped speculating is compared,
-token by token, with what the plain rounds then commit — which is exactly what verification would
-have accepted (greedy), or has the same expectation (sampling with a deterministic draft: both
-accept token x with probability p(x)). So a row whose text turns repetitive again is noticed
-without paying for probe rounds.
+accepted (`accept_ema_b`). Speculative rounds update it from verification. How plain rounds keep it
+fresh depends on what a draft costs (`drafters.Drafter.cheap`):
+
+* A cheap drafter (n-gram lookup) proposes every round, and the cond also asks for a real draft.
+  Plain rounds update the average for free from a *shadow draft*: the draft a row had when it last
+  stopped speculating is compared, token by token, with what the plain rounds then commit — which
+  is exactly what verification would have accepted (greedy), or has the same expectation
+  (sampling with a deterministic draft: both accept token x with probability p(x)). So a row whose
+  text turns repetitive again is noticed without paying for probe rounds.
+* A costly drafter (a network) proposes inside the speculative branch only, so a plain round costs
+  what plain decoding does. The cond decides from the averages alone, and after `probe_every`
+  consecutive plain rounds one speculative *probe* round refreshes every row's average.
+
+Either way the drafter observes every committed token (`observe` after both kinds of round).
 """
 
 from __future__ import annotations
@@ -27,11 +35,11 @@ from flax import struct
 
 from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
-from specjax.decode.drafters import Observation
+from specjax.decode.drafters import Observation, is_cheap
 from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
-from specjax.models.kv_cache import KVCache, move_slots
+from specjax.models.kv_cache import move_slots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,56 +47,58 @@ class Adaptive:
     """When to speculate (static: part of the compiled program).
 
     Attributes:
-      min_expected_accept: a row wants a speculative round when it has a draft and its moving
-        average of accepted draft tokens per round is at least this; the batch speculates when
-        any row wants to (the threshold is capped at 0.75 k). Break-even on XLA:CPU at batch 1 is
-        ~1.5 (k=2) to ~2.5 (k=8).
+      min_expected_accept: a row wants a speculative round when its moving average of accepted draft
+        tokens per round is at least this (and, for a cheap drafter, it has a draft); the batch
+        speculates when any row wants to (the threshold is capped at 0.75 k). Break-even on XLA:CPU
+        at batch 1 is ~1.5 (k=2) to ~2.5 (k=8) for free drafts, higher for costly ones.
       ema_weight: weight of the newest observation in the moving average.
+      probe_every: costly drafters only (cheap ones learn from shadow drafts): after this many
+        consecutive plain rounds the next round speculates anyway, to re-measure the drafts. A probe
+        that fails costs about one verify forward plus the draft (~3–6 plain steps on XLA:CPU), so
+        16 bounds the loss on text the drafter never predicts to roughly a quarter of plain speed
+        while noticing within ~2 probes that drafts became good (the average needs a few hits).
     """
 
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
+    probe_every: int = 16
+
+    def threshold(self, k: int) -> float:
+        """The average a row needs to want a speculative round: capped at 3/4 of k, so that a short
+        draft length can still qualify."""
+        return min(self.min_expected_accept, 0.75 * k)
 
 
-@struct.dataclass
-class SpecState:
-    """Loop carry. Row b has produced out_bn[b, :count_b[b]]; last_b is its latest token, at
-    position pos_b (its keys/values are not in the cache yet: the next round's block starts
-    with it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
+@struct.dataclass(kw_only=True)
+class SpecState(loop.RowState):
+    """Loop carry (`loop.RowState` plus the following). last_b is each row's latest token, at
+    position pos_b (its keys/values are not in the cache yet: the next round's block starts with
+    it). hist_bl[b, :pos_b + 1] is the row's whole text (prompt, then generated).
 
     Statistics: rounds_b counts target forwards in which the row was live, plain_rounds_b those
     that were plain one-token rounds; drafted_bk / accepted_bk count, per draft position (per
     depth for token trees), the speculative rounds that proposed / accepted a token there;
     draft_tokens_b sums the real draft tokens (tree nodes) verified.
 
-    Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round) and the
-    shadow draft shadow_bk with parents shadow_parent_bk (a chain's are -1, 0, 1, …), of which
-    shadow_len_b tokens are real (0: no shadow); shadow_hit_b of them matched the committed text
-    so far, down to node shadow_node_b (-1: none yet).
+    Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round);
+    plain_streak counts the batch's plain rounds since its last speculative one (probes of costly
+    drafters). Cheap drafters' shadow draft: shadow_bk with parents shadow_parent_bk (a chain's
+    are -1, 0, 1, …), of which shadow_len_b tokens are real (0: no shadow); shadow_hit_b of them
+    matched the committed text so far, down to node shadow_node_b (-1: none yet).
 
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
     sampling (static), temperature and top_p are the loop's token selection, so that a sampling
     drafter can filter its q exactly like the target's p (`draft_chain.DraftSampling`).
-
-    gram_b: each row's grammar state after its committed tokens (constrained decoding), else None.
     """
 
-    cache: KVCache
     hist_bl: jax.Array
     last_b: jax.Array
-    out_bn: jax.Array
-    pos_b: jax.Array
-    count_b: jax.Array
-    done_b: jax.Array
-    reason_b: jax.Array
-    stop_bn: jax.Array
-    key: jax.Array
-    steps: jax.Array
     rounds_b: jax.Array
     plain_rounds_b: jax.Array
     drafted_bk: jax.Array
     accepted_bk: jax.Array
     accept_ema_b: jax.Array
+    plain_streak: jax.Array
     draft_tokens_b: jax.Array
     shadow_bk: jax.Array
     shadow_parent_bk: jax.Array
@@ -99,7 +109,6 @@ class SpecState:
     sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
     temperature: jax.Array | float = 1.0
     top_p: jax.Array | float = 1.0
-    gram_b: jax.Array | None = None
 
     @property
     def hist_len_b(self) -> jax.Array:
@@ -200,7 +209,7 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         return jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if sampling.greedy else logits_btv
 
     def ema(old_b, new_b, where_b):
-        w = adapt.ema_weight if adapt is not None else 0.3
+        w = adapt.ema_weight if adapt is not None else Adaptive.ema_weight
         return jnp.where(where_b, (1 - w) * old_b + w * new_b.astype(jnp.float32), old_b)
 
     def verify_chain(s: SpecState, draft, key, state_bt):
@@ -257,12 +266,14 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
             accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
             draft_tokens_b=s.draft_tokens_b + jnp.where(live_b, draft.len_b, 0),
             accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
+            plain_streak=jnp.zeros_like(s.plain_streak),
             shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
         )
         s_new = commit(s, tokens_bt, accepted_b + 1, max_new, eos_ids, stop_tables, grammar)
         return observe(drafter, model, draft_params, s, s_new, tokens_bt, hidden_btd)
 
-    def plain_round(s: SpecState, draft, state_bt) -> SpecState:
+    def plain_round(s: SpecState, draft=None, state_bt=None) -> SpecState:
+        """One sampled token per row; `draft` (a cheap drafter's, else None) advances the shadow drafts."""
         live_b = ~s.done_b
         hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         # The barrier keeps the final norm out of the one-row int8 head's fused product (as the
@@ -271,17 +282,19 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         hidden_b1d = jax.lax.optimization_barrier(hidden_b1d)
         key, sub = jax.random.split(s.key)
         tok_b = loop.next_tokens(model, hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
-        s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
+        if draft is not None:
+            s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
+            s = s.replace(accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b))
         s = s.replace(
-            cache=cache, key=key, steps=s.steps + 1,
+            cache=cache, key=key, steps=s.steps + 1, plain_streak=s.plain_streak + 1,
             rounds_b=s.rounds_b + live_b.astype(jnp.int32),
             plain_rounds_b=s.plain_rounds_b + live_b.astype(jnp.int32),
-            accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b),
         )
         s_new = commit(s, tok_b[:, None], jnp.ones_like(s.count_b), max_new, eos_ids, stop_tables, grammar)
         return observe(drafter, model, draft_params, s, s_new, tok_b[:, None], hidden_b1d)
 
-    def body(s: SpecState) -> SpecState:
+    def propose(s: SpecState):
+        """This round's draft (chain drafts cut at the grammar's first refusal) and its block states."""
         draft, draft_state = drafter.propose(model, draft_params, s, k)
         check_draft(draft, drafter, s.last_b.shape[0], k, model.cfg.vocab_size)
         s = s.replace(draft_state=draft_state)
@@ -289,10 +302,18 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         if grammar is not None:
             state_bt, len_b = constrain.draft_states(grammar, s.gram_b, draft.tokens_bk, draft.len_b, draft.parent_bk)
             draft = draft.replace(len_b=len_b)
+        return s, draft, state_bt
+
+    def body(s: SpecState) -> SpecState:
         if adapt is None:
-            return spec_round(s, draft, state_bt)
-        # Capped at 3/4 of k, so that a short draft length can still qualify.
-        want_b = ~s.done_b & (draft.len_b > 0) & (s.accept_ema_b >= min(adapt.min_expected_accept, 0.75 * k))
-        return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft, state_bt)
+            return spec_round(*propose(s))
+        want_b = ~s.done_b & (s.accept_ema_b >= adapt.threshold(k))
+        if is_cheap(drafter):
+            s, draft, state_bt = propose(s)
+            want_b = want_b & (draft.len_b > 0)
+            return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft, state_bt)
+        # A costly drafter runs inside the speculative branch only: XLA executes just the taken branch.
+        probe = s.plain_streak >= adapt.probe_every
+        return jax.lax.cond(jnp.any(want_b) | probe, lambda s: spec_round(*propose(s)), plain_round, s)
 
     return body

@@ -82,9 +82,7 @@ def speculative_program(
     """
     model = nnx.merge(graphdef, params)
     b, t = prompt_bt.shape
-    positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
-    last_hidden_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
+    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b)
     key, sub = jax.random.split(key)
     # The first token comes from the prefill, exactly as in the plain loop.
     first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
@@ -113,6 +111,7 @@ def speculative_program(
         accepted_bk=jnp.zeros((b, k), jnp.int32),
         # At the threshold: a row's first draft is tried once, then the evidence decides.
         accept_ema_b=jnp.full((b,), 0.0 if adapt is None else min(adapt.min_expected_accept, k), jnp.float32),
+        plain_streak=jnp.zeros((), jnp.int32),
         draft_tokens_b=jnp.zeros((b,), jnp.int32),
         shadow_bk=jnp.zeros((b, k), jnp.int32),
         shadow_parent_bk=jnp.zeros((b, k), jnp.int32),
@@ -145,7 +144,9 @@ class SpecConfig:
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
         (`spec_rounds.py`); False speculates every round.
-      min_expected_accept, ema_weight: the adaptive policy (`spec_rounds.Adaptive`).
+      min_expected_accept, ema_weight, probe_every: the adaptive policy (`spec_rounds.Adaptive`);
+        probe_every (costly drafters only: layer skip, draft model, Medusa, EAGLE) is how many
+        consecutive plain rounds pass before a speculative probe round re-measures the drafts.
       method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
         or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
         `spec_methods.build_drafter`.
@@ -165,6 +166,7 @@ class SpecConfig:
     adaptive: bool = True
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
+    probe_every: int = Adaptive.probe_every
     method: str = "ngram"
     layers: int | tuple[int, ...] = 4
     draft_model: str | None = None
@@ -182,13 +184,17 @@ class SpecConfig:
             raise GenerationError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
         if not 0 < self.ema_weight <= 1:
             raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
+        if not isinstance(self.probe_every, int) or isinstance(self.probe_every, bool) or self.probe_every < 1:
+            raise GenerationError(f"probe_every must be a positive integer, got {self.probe_every!r}")
         from specjax.decode.spec_methods import check_spec
 
         check_spec(self)  # the drafter options
 
     def policy(self) -> Adaptive | None:
-        return Adaptive(float(self.min_expected_accept), float(self.ema_weight)) if self.adaptive else None
-
+        """The static adaptive policy, or None when every round speculates."""
+        if not self.adaptive:
+            return None
+        return Adaptive(float(self.min_expected_accept), float(self.ema_weight), self.probe_every)
 
 
 @dataclasses.dataclass

@@ -45,6 +45,7 @@ def test_unknown_option_is_named():
     ({"spec": "draft"}, "the draft method needs a draft model: set draft_model="),
     ({"spec": "draft", "draft_model": "/nonexistent/d.gguf"}, "draft_model='/nonexistent/d.gguf': no such file"),
     ({"spec": "layerskip", "spec_confidence": 1.5}, "confidence must be in [0, 1)"),
+    ({"spec": "layerskip", "spec_probe_every": 0}, "probe_every must be a positive integer, got 0"),
     ({"spec": "layerskip", "draft_vocab": 100}, "draft_vocab=100 needs draft_vocab_corpus="),
 ])
 def test_bad_options_give_one_clear_line(capsys, opts, message):

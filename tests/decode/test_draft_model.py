@@ -1,9 +1,10 @@
 """A separate draft model with its own KV cache, on tiny models.
 
-The sharpest check of the draft cache's bookkeeping (prefill in `init`, two re-fed tokens per round,
-rejected slots overwritten): a draft model that IS the target's first two layers must draft exactly
-what the early-exit layer-skip drafter drafts from the target's own cache — same tokens, hence the
-same rounds and acceptance, not just the same output.
+The sharpest check of the draft cache's bookkeeping (prefill in `init`, committed tokens written by
+`observe` after every round, the last token re-fed by `propose`, rejected slots overwritten): a draft
+model that IS the target's first two layers must draft exactly what the early-exit layer-skip drafter
+drafts from the target's own cache — same tokens, hence the same rounds and acceptance, not just the
+same output — also when adaptive drafting skips `propose` for runs of plain rounds.
 """
 
 import jax.numpy as jnp
@@ -29,20 +30,22 @@ def reference(tiny_model):
     return [r.tokens for r in Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, CFG)[0]]
 
 
-def test_sliced_draft_model_drafts_exactly_like_early_exit(tiny_model, reference):
-    spec = SpecConfig(k=K, adaptive=False)
+@pytest.mark.parametrize("spec", [SpecConfig(k=K, adaptive=False),
+                                  SpecConfig(k=K, min_expected_accept=3.0, probe_every=2)])
+def test_sliced_draft_model_drafts_exactly_like_early_exit(tiny_model, reference, spec):
     drafter, params = DraftModelDrafter.create(slice_model(tiny_model, (0, 1)), tiny_model)
     out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params).generate(PROMPTS, CFG, spec)
     assert [o.tokens for o in out] == reference
     _, skip = SpeculativeGenerator(tiny_model, ByteTokenizer(), LayerSkipDrafter.early_exit(2)).generate(
         PROMPTS, CFG, spec)
     assert (stats.rounds, stats.acceptance_by_position) == (skip.rounds, skip.acceptance_by_position)
+    assert stats.plain_rate == skip.plain_rate and (stats.plain_rate > 0) == spec.adaptive, stats.line()
     assert stats.tau > 1.5, stats.line()
 
 
 def test_random_draft_model_reduced_vocab_adaptive_batch1(tiny_model, reference):
     # An unrelated one-layer model: few drafts are accepted, adaptive drafting mixes plain rounds in
-    # (after which the draft re-feeds one unseen token instead of two), and greedy output stays exact.
+    # (in which the draft model only observes), and greedy output stays exact.
     draft = Transformer(tiny_config(n_layers=1, layer_kinds=("global",), d_model=16, ffn_dim=32), rngs=nnx.Rngs(5))
     drafter, params = DraftModelDrafter.create(draft, tiny_model, vocab_ids=KEPT, threshold=0.05)
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params)
@@ -55,7 +58,7 @@ def test_random_draft_model_reduced_vocab_adaptive_batch1(tiny_model, reference)
 @pytest.mark.parametrize("k", [K, pytest.param(1, marks=pytest.mark.slow)])
 def test_every_draft_accepted_and_eos_inside_a_block(k):
     # The bigram model drafts perfectly with any of its layers: every round accepts all k drafts, so the
-    # bonus token and the last draft are both new to the draft cache (the two re-fed tokens).
+    # bonus token and the last draft are both new to the draft cache (`observe` writes them).
     model = bigram_model(EOS)
     drafter, params = DraftModelDrafter.create(slice_model(model, (1,)), model)
     out, stats = SpeculativeGenerator(model, TOK, drafter, params).generate(
@@ -98,17 +101,20 @@ def test_sampling_is_lossless_end_to_end(tiny_model):
 
 
 @pytest.mark.slow
-def test_draft_cache_matches_a_fresh_prefill_of_the_committed_text(tiny_model):
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_draft_cache_matches_a_fresh_prefill_of_the_committed_text(tiny_model, adaptive):
     draft = slice_model(tiny_model, (0, 1))
     drafter, params = DraftModelDrafter.create(draft, tiny_model)
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params)
     key, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], CFG, None, 0, extra_slots=K)
-    state = speculative_program(gen.graphdef, *args, params, **static, k=K, drafter=drafter, adapt=None)
+    policy = SpecConfig(k=K, adaptive=adaptive, min_expected_accept=3.0, probe_every=2).policy()
+    state = speculative_program(gen.graphdef, *args, params, **static, k=K, drafter=drafter, adapt=policy)
+    assert int(jnp.sum(state.plain_rounds_b) > 0) == adaptive
     hist_bl, pos_b = np.asarray(state.hist_bl), np.asarray(state.pos_b)
     _, fresh = draft(jnp.asarray(hist_bl), jnp.broadcast_to(jnp.arange(hist_bl.shape[1]), hist_bl.shape),
                      draft.init_cache(hist_bl.shape[0], state.draft_state.num_slots), jnp.zeros((4,), jnp.int32))
     for b in range(4):
-        # The last round moved pos_b by at most k + 1; everything before its start must be right.
-        n = int(pos_b[b]) - K - 1
+        # Every committed token, the last one (at pos_b) included: `observe` wrote them all.
+        n = int(pos_b[b]) + 1
         for got, want in zip(state.draft_state.k + state.draft_state.v, fresh.k + fresh.v, strict=True):
             np.testing.assert_allclose(np.asarray(got[b, :n]), np.asarray(want[b, :n]), atol=1e-4)

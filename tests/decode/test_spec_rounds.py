@@ -1,0 +1,106 @@
+"""Adaptive drafting (`spec_rounds.py`) with costly drafters: the draft runs in speculative rounds only.
+
+A costly drafter (`Drafter.cheap` False) must not be proposed to in plain rounds; the policy then
+decides from the acceptance averages alone and probes every `probe_every` plain rounds. Greedy
+output must still be plain greedy's, and `observe` must still see every committed token.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ByteTokenizer, tiny_config
+from flax import nnx
+from test_speculative import PROMPTS, EchoDrafter, K
+
+from specjax.decode.drafters import Draft, NgramDrafter, is_cheap
+from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.layer_skip import LayerSkipDrafter
+from specjax.decode.speculative import SpecConfig, SpeculativeGenerator, speculative_program
+from specjax.models.transformer import Transformer
+
+MAX_LOG = 64  # loop steps the counting drafter records
+
+
+class CountingDrafter(EchoDrafter):
+    """A costly drafter whose drafts are never accepted (pad id 0, which the tiny model never
+    generates). draft_state = (EchoDrafter's state, propose_n): propose_n[s] is 1 when propose ran at
+    loop step s — so the test sees exactly which rounds drafted."""
+
+    cheap = False
+
+    def init(self, model, draft_params, prefill):
+        return super().init(model, draft_params, prefill), jnp.zeros((MAX_LOG,), jnp.int32)
+
+    def propose(self, model, draft_params, state, k):
+        echo, log_n = state.draft_state
+        b = state.last_b.shape[0]
+        draft = Draft(tokens_bk=jnp.zeros((b, k), jnp.int32), len_b=jnp.full((b,), k, jnp.int32))
+        return draft, (echo, log_n.at[state.steps].add(1))
+
+    def observe(self, model, draft_params, draft_state, obs):
+        echo, log_n = draft_state
+        return super().observe(model, draft_params, echo, obs), log_n
+
+
+def test_cheapness_is_declared_per_drafter():
+    assert is_cheap(NgramDrafter()) and not is_cheap(LayerSkipDrafter.early_exit(2))
+    assert not is_cheap(object())  # undeclared: treated as costly
+
+
+def test_probe_every_must_be_a_positive_integer():
+    with pytest.raises(GenerationError, match="probe_every must be a positive integer, got 0"):
+        SpecConfig(probe_every=0)
+    assert SpecConfig(probe_every=5).policy().probe_every == 5
+
+
+@pytest.mark.parametrize("probe_every", [1, 3])
+def test_costly_drafter_proposes_only_in_speculative_rounds_and_probes(tiny_model, probe_every):
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
+    assert all(0 not in r.tokens for r in ref), "the tiny model generates the pad id: pick another bad draft"
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=CountingDrafter())
+    spec = SpecConfig(k=K, probe_every=probe_every)
+    out, stats = gen.generate(PROMPTS, cfg, spec)
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    assert stats.acceptance_by_position == (0.0,) * K, stats.line()
+    # Re-run the compiled program to read the final state: which steps proposed, what was observed.
+    _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
+    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=CountingDrafter(),
+                                adapt=spec.policy())
+    (hist_bl, len_b, bad), log_n = state.draft_state
+    steps = int(state.steps)
+    assert steps == 15  # one token per round: the prefill's, then 15 rounds
+    # Round 0 tries the drafts (the average starts at the threshold), fails; then every probe_every
+    # plain rounds one probe, and nothing in between.
+    want = [int(s % (probe_every + 1) == 0) for s in range(steps)]
+    assert np.asarray(log_n[:steps]).tolist() == want and int(np.sum(log_n)) < steps
+    assert stats.plain_rate == pytest.approx(1 - sum(want) / steps)
+    # observe saw every committed token of every row, plain rounds included, at chained positions.
+    assert int(bad) == 0
+    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
+    for b in range(len(PROMPTS)):
+        n = int(len_b[b])
+        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.hist_bl[b, :n]))
+
+
+def _eos_model(reference) -> tuple[Transformer, int]:
+    """The tiny model (same weights) with EOS = a token row 1 emits early: rows finish apart."""
+    eos = reference[1][2]
+    return Transformer(tiny_config(eos_ids=(eos,)), rngs=nnx.Rngs(0)), eos
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_layer_skip_adaptive_greedy_equals_plain_greedy(tiny_model, batch_size):
+    prompts = PROMPTS[:3]
+    ref_cfg = GenerateConfig(max_new_tokens=16, batch_size=3, ignore_eos=True)
+    reference = [r.tokens for r in Generator(tiny_model, ByteTokenizer()).generate(prompts, ref_cfg)[0]]
+    model, eos = _eos_model(reference)
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=batch_size)
+    ref, _ = Generator(model, ByteTokenizer()).generate(prompts, cfg)
+    assert {r.finish_reason for r in ref} == {"eos", "length"}, "EOS did not make the batch ragged"
+    gen = SpeculativeGenerator(model, ByteTokenizer(), drafter=LayerSkipDrafter.early_exit(2))
+    # A high bar, so that speculative, plain and probe rounds all occur.
+    out, stats = gen.generate(prompts, cfg, SpecConfig(k=K, min_expected_accept=3.0, probe_every=2))
+    assert [(o.tokens, o.finish_reason) for o in out] == [(r.tokens, r.finish_reason) for r in ref]
+    assert 0 < stats.plain_rate < 1 and stats.draft_rate > 0, stats.line()
+    assert eos not in [t for o in out for t in o.tokens]

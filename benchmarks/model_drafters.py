@@ -123,15 +123,29 @@ def profile(model, tok, layers, vocab: int, k: int, reps: int = 15) -> None:
                                          tok_b[:, None], pos_b[:, None], pos_b)
         return jnp.argmax(head_logits(m, head, hidden[:, 0], pos_b[0]), -1), kv_k
 
+    def block_forward(m, cache):
+        return m(jnp.full((1, k + 1), 107, jnp.int32), pos_b[:, None] + jnp.arange(k + 1)[None], cache, pos_b)
+
     @jax.jit
-    def verify(params, cache):
+    def verify(params, cache):  # what a greedy round runs: block forward + the target's argmax
         m = nnx.merge(graphdef, params)
-        hidden, _ = m(jnp.full((1, k + 1), 107, jnp.int32), pos_b[:, None] + jnp.arange(k + 1)[None], cache, pos_b)
-        return jnp.argmax(m.logits(hidden), -1)
+        return m.greedy_tokens(block_forward(m, cache)[0])
+
+    @jax.jit
+    def verify_body(params, cache):
+        return block_forward(nnx.merge(graphdef, params), cache)
+
+    hidden_k = block_forward(model, cache)[0]
+
+    @jax.jit
+    def verify_head(params, hidden):
+        return nnx.merge(graphdef, params).greedy_tokens(hidden)
 
     head = reduced_head(model, np.arange(vocab))  # the timing does not depend on which ids
     fns = {"plain step (18 layers + int8 head)": lambda: plain(params, cache),
-           f"verify forward, {k + 1} rows (float32 head)": lambda: verify(params, cache)}
+           f"verify forward, {k + 1} rows, + argmax (int8 head blocks)": lambda: verify(params, cache),
+           f"  of which: decoder over {k + 1} rows + cache write": lambda: verify_body(params, cache),
+           f"  of which: head argmax over {k + 1} rows": lambda: verify_head(params, hidden_k)}
     for n in layers:
         fns[f"draft step N={n}, full int8 head"] = functools.partial(draft, params, None, cache, n=n)
         fns[f"draft step N={n}, {vocab} head"] = functools.partial(draft, params, head, cache, n=n)

@@ -38,6 +38,7 @@ def test_cached_features_give_the_uncached_loss_and_gradients(tiny_train_config,
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)  # entries are O(1)
 
 
+@pytest.mark.slow
 def test_cached_features_under_bfloat16_match_the_bfloat16_target(tiny_train_config):
     cfg = tiny_train_config("eagle", compute_dtype="bfloat16")
     _, rows_c, _, task_c = prepare(cfg)

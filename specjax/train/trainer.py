@@ -157,6 +157,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
       TrainingDiverged: NaN/Inf loss or gradient; the last good checkpoint stays the latest.
       TrainConfigError: options that do not fit the data or the devices.
     """
+    t_start = time.perf_counter()
     out = Path(cfg.out_dir)
     mesh = make_run_mesh(cfg)
     log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard)
@@ -195,7 +196,8 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
                     f"step {step + 1}: loss {float(m['loss'])} / gradient norm {float(m['grad_norm'])} is not finite; "
                     f"stopped. Last good checkpoint: step {ckpt.latest_step()} in {out / 'ckpt'}")
             row = {k: float(v) for k, v in m.items() if k != "finite"}
-            row.update(step_s=now - t0, tok_s=cfg.batch_size * cfg.seq_len / (now - t0))
+            # wall_s: since this process entered train() (data, features, compiles and dev evaluations included).
+            row.update(step_s=now - t0, tok_s=cfg.batch_size * cfg.seq_len / (now - t0), wall_s=now - t_start)
             done = step + 1
             log.advance()
             if done % cfg.log_every == 0 or done == cfg.steps:

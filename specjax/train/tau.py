@@ -114,8 +114,9 @@ class DevTau:
         """{"tau", "accept_d1" … "accept_dN" (by draft depth), "draft_rate", "tau_s"} for these parameters."""
         t0 = time.perf_counter()
         # Host copies: the trainer's arrays live on its mesh, the decode program on the target's device.
-        params, frozen = jax.device_get(params), jax.device_get(frozen)
-        module = task_module(self.task, params, frozen)
+        # Of the frozen arrays only a draft model's untrained rest belongs to the module (not the target).
+        needed = {k: v for k, v in frozen.items() if k == "draft_rest"}
+        module = task_module(self.task, jax.device_get(params), jax.device_get(needed))
         drafter, draft_params, depth = build_run_drafter(self.task.kind, module, self.model,
                                                          self.task.meta.get("vocab_ids"), self.k)
         if self.gen is None:

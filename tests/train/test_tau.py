@@ -17,7 +17,8 @@ from specjax.train.tau import _TokenPromptGenerator, prompt_ids
 from specjax.train.trainer import prepare_run, train
 
 
-@pytest.mark.parametrize(("kind", "draft_vocab"), [("medusa", 32), ("eagle", 0)])
+@pytest.mark.parametrize(("kind", "draft_vocab"), [
+    pytest.param("draft", 0, marks=pytest.mark.slow), ("medusa", 32), ("eagle", 0)])
 def test_tau_is_logged_every_tau_every_steps_and_matches_the_saved_drafter(tiny_train_config, kind, draft_vocab):
     cfg = tiny_train_config(kind, steps=4, tau_every=2, tau_prompts=4, tau_new_tokens=16)
     cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, draft_vocab=draft_vocab))
@@ -27,7 +28,7 @@ def test_tau_is_logged_every_tau_every_steps_and_matches_the_saved_drafter(tiny_
     rows = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
     tau_rows = [r for r in rows if r["split"] == "tau"]
     assert [r["step"] for r in tau_rows] == [2, 4]
-    depth = 3 if kind == "medusa" else 4  # Medusa's 10-node tree is 3 deep; EAGLE-2 depth 4
+    depth = 3 if kind == "medusa" else 4  # Medusa's 10-node tree is 3 deep; EAGLE-2 depth 4; draft: 4-token chains
     assert {"tau", "draft_rate", "tau_s", *(f"accept_d{i}" for i in range(1, depth + 1))} == set(tau_rows[-1]) - {
         "step", "split"}
     last = tau_rows[-1]
@@ -35,7 +36,8 @@ def test_tau_is_logged_every_tau_every_steps_and_matches_the_saved_drafter(tiny_
     # The same drafter loaded from the saved run through spec_methods (the decoders' path) gives the same τ.
     prep = prepare_run(cfg)
     gen = _TokenPromptGenerator(prep.target.model, None)
-    spec = SpecConfig(k=10, adaptive=False, method=kind, draft_checkpoint=str(result.out_dir))
+    where = {"draft_model": str(result.out_dir)} if kind == "draft" else {"draft_checkpoint": str(result.out_dir)}
+    spec = SpecConfig(k=4 if kind == "draft" else 10, adaptive=False, method=kind, **where)
     _, stats = gen.generate(prep.dev_prompts, GenerateConfig(max_new_tokens=16, batch_size=4), spec)
     assert stats.tau == pytest.approx(last["tau"], abs=1e-9)
     assert list(stats.acceptance_by_position[:depth]) == pytest.approx([last[f"accept_d{i}"] for i in

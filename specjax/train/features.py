@@ -15,12 +15,14 @@ Gemma 3 270M: 640 floats = 2.5 KiB per token, ~220 MB for 86k tokens.
 
 A computation interrupted part-way resumes: rows are written into ``<split>.npy.partial`` (a
 memory-mapped .npy) and the count of finished rows into ``<split>.done``; the finished file is
-renamed into place at the end.
+renamed into place at the end. A lock file per split serialises two runs that need the same
+features (eagle and medusa started together): the second waits, then reads the first one's file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -87,11 +89,23 @@ def split_features(model, rows: PackedRows, folder: Path, split: str, chunk: int
     shape = (rows.n_rows, rows.tokens.shape[1], model.cfg.d_model)
     if rows.n_rows == 0:
         return np.zeros(shape, np.float32)
-    if final.is_file():
-        feats = np.load(final, mmap_mode="r")
-        if feats.shape == shape:
-            return feats
     folder.mkdir(parents=True, exist_ok=True)
+    # Two runs started together (eagle and medusa share a key) must not write one partial file at once:
+    # the second waits for the first, then reads its finished file.
+    with open(folder / f"{split}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if final.is_file():
+            feats = np.load(final, mmap_mode="r")
+            if feats.shape == shape:
+                return feats
+        _compute(model, rows, folder, split, chunk, compute_dtype, shape, progress)
+    return np.load(final, mmap_mode="r")
+
+
+def _compute(model, rows: PackedRows, folder: Path, split: str, chunk: int, compute_dtype: str, shape: tuple,
+             progress: bool) -> None:
+    """Writes <split>.npy, resuming a <split>.npy.partial whose first <split>.done rows are finished."""
+    final = folder / f"{split}.npy"
     partial, done_path = folder / f"{split}.npy.partial", folder / f"{split}.done"
     start = int(done_path.read_text()) if partial.is_file() and done_path.is_file() else 0
     out = None
@@ -117,7 +131,6 @@ def split_features(model, rows: PackedRows, folder: Path, split: str, chunk: int
     del out
     partial.replace(final)
     done_path.unlink(missing_ok=True)
-    return np.load(final, mmap_mode="r")
 
 
 def attach_features(model, identity: str, train: PackedRows, dev: PackedRows, feature_dir: str | None, chunk: int,

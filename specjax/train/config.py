@@ -57,7 +57,8 @@ class TaskConfig:
       freeze_embed: do not train the draft's embedding table (saves 2/3 of optimizer memory on a
         262k vocabulary).
       medusa_heads: number of Medusa heads (kind="medusa").
-      draft_vocab: EAGLE's reduced vocabulary size (kind="eagle"); 0 keeps the full vocabulary.
+      draft_vocab: reduced draft vocabulary size of the heads (kind="medusa" or "eagle"): the most
+        frequent target ids of the training continuations (EOS ids kept); 0 keeps the full vocabulary.
     """
 
     kind: str = "draft"
@@ -127,6 +128,10 @@ class DataConfig:
       dev_fraction: share of corpus rows kept as the dev split ("text" / "jsonl").
       cache_dir: where generated data is cached (default: ~/.cache/specjax/distill).
       seed: shuffling seed of the split (fixed: the dev split never changes with the run seed).
+      feature_cache: head tasks (medusa, eagle) compute the frozen target's features of every packed
+        train / dev row once, store them on disk and train from them (a step then runs only the heads
+        and their losses); ignored for kind="draft", whose teacher logits are too wide to store.
+      feature_dir: where feature caches live (default: ~/.cache/specjax/features).
     """
 
     source: str = "self_distill"
@@ -141,6 +146,8 @@ class DataConfig:
     dev_fraction: float = 0.05
     cache_dir: str | None = None
     seed: int = 1234
+    feature_cache: bool = True
+    feature_dir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +175,13 @@ class TrainConfig:
       resume: continue from the latest checkpoint in out_dir when there is one.
       progress: show a progress bar.
       tensorboard: also write TensorBoard events (tensorboardX).
+      tau_every: every this many steps (and at the last step), speculative generation with the
+        current parameters as the drafter on the first `tau_prompts` dev prompts (greedy,
+        `tau_new_tokens` tokens) logs tau (tokens per target forward, bonus token included) and the
+        acceptance by draft depth; 0 = off.
+      tau_prompts, tau_new_tokens: the size of that evaluation.
+      tau_k: tokens drafted per round (a chain for kind="draft", tree nodes for medusa / eagle);
+        0 = 4 for a draft model, 10 for head drafters.
     """
 
     task: TaskConfig = TaskConfig()
@@ -189,6 +203,10 @@ class TrainConfig:
     resume: bool = True
     progress: bool = True
     tensorboard: bool = True
+    tau_every: int = 0
+    tau_prompts: int = 8
+    tau_new_tokens: int = 48
+    tau_k: int = 0
 
     def __post_init__(self) -> None:
         validate(self)
@@ -219,6 +237,10 @@ def validate(cfg: TrainConfig) -> None:
     _need(t.medusa_heads >= 1, f"task.medusa_heads must be >= 1, got {t.medusa_heads}")
     _need(t.draft_vocab >= 0, f"task.draft_vocab must be >= 0, got {t.draft_vocab}")
     _need(cfg.keep >= 1, f"keep must be >= 1, got {cfg.keep}")
+    _need(cfg.tau_every >= 0, f"tau_every must be >= 0 (0 = off), got {cfg.tau_every}")
+    _need(cfg.tau_prompts >= 1, f"tau_prompts must be >= 1, got {cfg.tau_prompts}")
+    _need(cfg.tau_new_tokens >= 2, f"tau_new_tokens must be >= 2, got {cfg.tau_new_tokens}")
+    _need(cfg.tau_k >= 0, f"tau_k must be >= 0 (0 = the method's default), got {cfg.tau_k}")
     if d.source in ("text", "jsonl"):
         _need(bool(d.path), f"data.source={d.source!r} needs data.path")
 

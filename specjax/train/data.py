@@ -32,10 +32,19 @@ class Document:
 
 @dataclasses.dataclass(frozen=True)
 class PackedRows:
-    """tokens [N, T] int32 and mask [N, T] float32 (mask[r, t] = 1: token t+1 is a target)."""
+    """tokens [N, T] int32 and mask [N, T] float32 (mask[r, t] = 1: token t+1 is a target).
+
+    features: optional [N, T, D] frozen-target features of the rows (`features.py`), batched with them.
+    """
 
     tokens: np.ndarray
     mask: np.ndarray
+    features: np.ndarray | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The per-row arrays a batch is cut from."""
+        out = {"tokens": self.tokens, "mask": self.mask}
+        return out if self.features is None else {**out, "features": self.features}
 
     @property
     def n_rows(self) -> int:
@@ -81,17 +90,17 @@ class BatchOrder:
         if epoch != self._epoch:
             self._epoch, self._perm = epoch, np.random.default_rng((self.seed, epoch)).permutation(self.rows.n_rows)
         idx = self._perm[i * self.batch_size:(i + 1) * self.batch_size]
-        shape = (self.accum, self.batch_size // self.accum, -1)
-        return {"tokens": self.rows.tokens[idx].reshape(shape), "mask": self.rows.mask[idx].reshape(shape)}
+        lead = (self.accum, self.batch_size // self.accum)
+        return {k: v[idx].reshape(*lead, *v.shape[1:]) for k, v in self.rows.arrays().items()}
 
 
 def dev_batches(rows: PackedRows, batch_size: int, limit: int = 0) -> list[dict[str, np.ndarray]]:
     """The dev split in order, as [batch_size, T] batches (the last one padded with mask 0 rows)."""
     out = []
     for start in range(0, rows.n_rows, batch_size):
-        tok, mask = rows.tokens[start:start + batch_size], rows.mask[start:start + batch_size]
-        pad = batch_size - tok.shape[0]
-        out.append({"tokens": np.pad(tok, ((0, pad), (0, 0))), "mask": np.pad(mask, ((0, pad), (0, 0)))})
+        part = {k: np.asarray(v[start:start + batch_size]) for k, v in rows.arrays().items()}
+        pad = batch_size - part["tokens"].shape[0]
+        out.append({k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)) for k, v in part.items()})
         if limit and len(out) >= limit:
             break
     return out

@@ -4,6 +4,10 @@ Both read the target's final-normed hidden states f_t (what `Transformer.__call_
 feature the head modules are defined on) under `stop_gradient`: the backbone is frozen and only
 the heads' parameters are trainable. Logits go through the target's frozen tied head (for EAGLE
 optionally restricted to a reduced draft vocabulary).
+
+With `cached=True` the features come with the batch (`batch["features"]`, computed once by
+`features.py`) and the frozen arrays are only the target's embedding / head tables: a step runs the
+heads and their losses, not the target.
 """
 
 from __future__ import annotations
@@ -30,63 +34,103 @@ def _make(factory, abstract: bool):
     return nnx.eval_shape(factory) if abstract else factory()
 
 
-def _target_features(t_graphdef, t_state, tokens_bt):
-    target = nnx.merge(t_graphdef, t_state)
-    f_btd, _ = target(tokens_bt, positions_like(tokens_bt))
-    return target, jax.lax.stop_gradient(f_btd)
+def _frozen(model, cached: bool) -> dict:
+    """What the loss reads of the target: the whole model, or (cached) only its embedding and head tables."""
+    if not cached:
+        return {"target": nnx.split(model)[1]}
+    return {"embed": model.embed[...], **({} if model.head is None else {"head": model.head[...]})}
 
 
-def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool) -> Task:
-    """Medusa-1: per-head CE on shifted targets (head k predicts token t+k+1), weights decay^(k-1)."""
+def _features(t_graphdef, frozen, batch):
+    """(f_btd, embed_vd, head table_vd) under stop_gradient, from the target or from the batch's cache."""
+    if "target" in frozen:
+        target = nnx.merge(t_graphdef, frozen["target"])
+        f_btd, _ = target(batch["tokens"], positions_like(batch["tokens"]))
+        embed_vd, table_vd = target.embed[...], head_table(target)
+    else:
+        # In the tables' dtype: under bf16 compute the uncached target would have produced bf16 features.
+        embed_vd = frozen["embed"]
+        f_btd, table_vd = batch["features"].astype(embed_vd.dtype), frozen.get("head", embed_vd)
+    return tuple(jax.lax.stop_gradient(x) for x in (f_btd, embed_vd, table_vd))
+
+
+def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
+                      cached: bool = False, vocab_ids: np.ndarray | None = None) -> Task:
+    """Medusa-1: per-head CE on shifted targets (head k predicts token t+k+1), weights decay^(k-1).
+
+    Args:
+      cached: read the target's features from `batch["features"]` instead of running the target.
+      vocab_ids: a reduced draft vocabulary (sorted target ids) the heads draft over, or None (all
+        262k ids: four full-vocabulary head products per token then dominate a step). Labels outside
+        it add no loss and count as misses.
+    """
     tcfg = target.model.cfg
     mcfg = MedusaConfig.from_target(tcfg, n_heads=task.medusa_heads)
     graphdef, params = nnx.split(_make(lambda: MedusaHeads(mcfg, rngs=nnx.Rngs(seed)), abstract))
-    t_graphdef, t_state = nnx.split(target.model)
+    t_graphdef = nnx.graphdef(target.model)
     n_heads, cap = mcfg.n_heads, tcfg.final_logit_softcap
     weights_h = losses.medusa_weights(n_heads, loss.medusa_decay)
+    frozen = {**_frozen(target.model, cached), **_vocab_arrays(vocab_ids, tcfg.vocab_size)}
 
-    def chunk_fn(table_vd, h_nhd, labels_nh, valid_nh):
+    def chunk_fn(table_vd, h_nhd, labels_nh, valid_nh, in_vocab_nh):
         n, _, d = h_nhd.shape
         logits = logits_nv(h_nhd.reshape(n * n_heads, d), table_vd, cap)
         ce_nh = losses.cross_entropy_n(logits, labels_nh.reshape(-1)).reshape(n, n_heads)
         hit_nh = (jnp.argmax(logits, -1).reshape(n, n_heads) == labels_nh).astype(jnp.float32)
-        out = {"loss": jnp.sum(ce_nh * valid_nh * weights_h), "tokens": jnp.sum(valid_nh[:, 0])}
-        out.update(accuracy_sums(logits.reshape(n, n_heads, -1)[:, 0], labels_nh[:, 0], valid_nh[:, 0], loss.top_k))
+        scored_nh = valid_nh * in_vocab_nh  # an out-of-vocabulary label can never be drafted
+        out = {"loss": jnp.sum(ce_nh * scored_nh * weights_h), "tokens": jnp.sum(valid_nh[:, 0])}
+        out.update(accuracy_sums(logits.reshape(n, n_heads, -1)[:, 0], labels_nh[:, 0], scored_nh[:, 0], loss.top_k))
         for k in range(n_heads):
-            out[f"ce_head{k + 1}"] = jnp.sum(ce_nh[:, k] * valid_nh[:, k])
-            out[f"acc_head{k + 1}"] = jnp.sum(hit_nh[:, k] * valid_nh[:, k])
+            out[f"ce_head{k + 1}"] = jnp.sum(ce_nh[:, k] * scored_nh[:, k])
+            out[f"acc_head{k + 1}"] = jnp.sum(hit_nh[:, k] * scored_nh[:, k])
         return out
 
     def loss_fn(params, frozen, batch, key):
         del key
-        target_model, f_btd = _target_features(t_graphdef, frozen["target"], batch["tokens"])
+        f_btd, _, table = _features(t_graphdef, frozen, batch)
         heads = nnx.merge(graphdef, params)
         h_bthd = heads(f_btd)
         labels_kbt, valid_kbt = losses.medusa_targets(batch["tokens"], batch["mask"], n_heads)
+        table, labels_kbt, in_vocab_kbt = _restrict(frozen, table, labels_kbt)
         d = h_bthd.shape[-1]
         rows = (h_bthd.reshape(-1, n_heads, d), labels_kbt.reshape(n_heads, -1).T,
-                valid_kbt.reshape(n_heads, -1).T)
-        table = jax.lax.stop_gradient(head_table(target_model))
+                valid_kbt.reshape(n_heads, -1).T, in_vocab_kbt.reshape(n_heads, -1).T)
         sums = scan_row_chunks(chunk_fn, table, rows, max(2, loss.logit_chunk // n_heads))
         return sums.pop("loss"), sums
 
-    meta = {"kind": "medusa", "medusa_config": dataclasses.asdict(mcfg), "target": target.identity}
-    return Task("medusa", graphdef, params, {"target": t_state}, loss_fn, meta, {}, lambda p, f: p)
+    meta = {"kind": "medusa", "medusa_config": dataclasses.asdict(mcfg), "target": target.identity,
+            "vocab_ids": None if vocab_ids is None else [int(i) for i in vocab_ids]}
+    return Task("medusa", graphdef, params, frozen, loss_fn, meta, {}, lambda p, f: p)
+
+
+def _vocab_arrays(vocab_ids, vocab_size: int) -> dict:
+    """Frozen arrays of a reduced draft vocabulary: its ids and the target-id -> draft-index map (-1: out)."""
+    if vocab_ids is None:
+        return {}
+    vocab = DraftVocab(np.asarray(vocab_ids), vocab_size)
+    return {"vocab_ids": jnp.asarray(vocab.ids_n), "vocab_index": jnp.asarray(vocab.index_of())}
+
+
+def _restrict(frozen, table_vd, labels):
+    """(head table, labels as draft indices, in-vocabulary mask) over the reduced vocabulary, if any."""
+    if "vocab_ids" not in frozen:
+        return table_vd, labels, jnp.ones(labels.shape, jnp.float32)
+    idx = jnp.take(frozen["vocab_index"], labels, axis=0)
+    return jnp.take(table_vd, frozen["vocab_ids"], axis=0), jnp.maximum(idx, 0), (idx >= 0).astype(jnp.float32)
 
 
 def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
-                     vocab_ids: np.ndarray | None) -> Task:
-    """EAGLE: from (f_t, x_{t+1}) predict f_{t+1} (smooth-L1) and x_{t+2} through the frozen head (CE)."""
+                     vocab_ids: np.ndarray | None, cached: bool = False) -> Task:
+    """EAGLE: from (f_t, x_{t+1}) predict f_{t+1} (smooth-L1) and x_{t+2} through the frozen head (CE).
+
+    cached: read the target's features from `batch["features"]` instead of running the target.
+    """
     tcfg = target.model.cfg
     ecfg = EagleConfig.from_target(tcfg)
     graphdef, params = nnx.split(_make(lambda: EagleHead(ecfg, rngs=nnx.Rngs(seed)), abstract))
-    t_graphdef, t_state = nnx.split(target.model)
+    t_graphdef = nnx.graphdef(target.model)
     cap = tcfg.final_logit_softcap
-    frozen = {"target": t_state}
-    if vocab_ids is not None:
-        vocab = DraftVocab(np.asarray(vocab_ids), tcfg.vocab_size)
-        frozen["vocab_ids"] = jnp.asarray(vocab.ids_n)
-        frozen["vocab_index"] = jnp.asarray(vocab.index_of())
+    frozen = {**_frozen(target.model, cached), **_vocab_arrays(vocab_ids, tcfg.vocab_size)}
 
     def chunk_fn(table_nd, pred_nd, feat_nd, labels_n, reg_mask_n, label_n, in_vocab_n):
         logits = logits_nv(pred_nd, table_nd, cap)
@@ -100,21 +144,15 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: i
     def loss_fn(params, frozen, batch, key):
         del key
         tokens_bt, mask_bt = batch["tokens"], batch["mask"].astype(jnp.float32)
-        target_model, f_btd = _target_features(t_graphdef, frozen["target"], tokens_bt)
+        f_btd, embed_vd, table = _features(t_graphdef, frozen, batch)
         head = nnx.merge(graphdef, params)
-        embed_vd = jax.lax.stop_gradient(target_model.embed[...])
         pos_bt = positions_like(tokens_bt)[:, :-1]
         pred_btd, _ = head(f_btd[:, :-1], tokens_bt[:, 1:], embed_vd, pos_bt)
         labels_bt = jnp.concatenate([tokens_bt[:, 2:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
         label_bt = jnp.concatenate([mask_bt[:, 1:-1], jnp.zeros_like(mask_bt[:, :1])], axis=1)  # x_{t+2} a target
         reg_mask_bt = jnp.maximum(mask_bt[:, :-1], label_bt)  # f_{t+1} of every pair inside the data
-        table = jax.lax.stop_gradient(head_table(target_model))
-        if "vocab_ids" in frozen:
-            table = jnp.take(table, frozen["vocab_ids"], axis=0)
-            idx_bt = jnp.take(frozen["vocab_index"], labels_bt, axis=0)
-            in_vocab_bt, labels_bt = (idx_bt >= 0).astype(jnp.float32) * label_bt, jnp.maximum(idx_bt, 0)
-        else:
-            in_vocab_bt = label_bt
+        table, labels_bt, in_vocab_bt = _restrict(frozen, table, labels_bt)
+        in_vocab_bt = in_vocab_bt * label_bt
         d = pred_btd.shape[-1]
         rows = (pred_btd.reshape(-1, d), f_btd[:, 1:].reshape(-1, d), labels_bt.reshape(-1), reg_mask_bt.reshape(-1),
                 label_bt.reshape(-1), in_vocab_bt.reshape(-1))

@@ -4,7 +4,8 @@ A finished run leaves ``<run_dir>/best/<step>/`` holding the trained module's co
 (``state/params/...``) and a JSON ``meta`` that says what the module is:
 
 * ``kind == "draft"``: a `Transformer`; ``meta.task.model_config`` is its ModelConfig.
-* ``kind == "medusa"``: `MedusaHeads`; ``meta.task.medusa_config`` is its MedusaConfig.
+* ``kind == "medusa"``: `MedusaHeads`; ``meta.task.medusa_config`` is its MedusaConfig, and
+  ``meta.task.vocab_ids`` the reduced draft vocabulary (target ids) or null.
 * ``kind == "eagle"``: `EagleHead`; ``meta.task.eagle_config`` is its EagleConfig, and
   ``meta.task.vocab_ids`` the reduced draft vocabulary (target ids) or null.
 
@@ -44,7 +45,7 @@ class DraftCheckpoint:
       params: its parameters (`nnx.state(module)`), for passing to jitted code as an argument.
       config: the module's config (ModelConfig, MedusaConfig or EagleConfig).
       target: identity of the target it was trained for ("gguf-sha256:<hex>" or "random:…").
-      vocab_ids: EAGLE's reduced draft vocabulary (sorted target ids), or None.
+      vocab_ids: the heads' reduced draft vocabulary (Medusa, EAGLE) (sorted target ids), or None.
       step: training step of the checkpoint.
       meta: the checkpoint's whole metadata (run config, dev metrics).
     """

@@ -107,12 +107,24 @@ def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, seed:
 
 
 def build_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int = 0, abstract: bool = False,
-               vocab_ids=None) -> Task:
-    """The Task of `task.kind` (vocab_ids: EAGLE's reduced vocabulary, target ids sorted)."""
+               vocab_ids=None, cached_features: bool = False) -> Task:
+    """The Task of `task.kind`.
+
+    Args:
+      vocab_ids: the reduced draft vocabulary of Medusa / EAGLE heads (target ids, sorted) or None.
+      cached_features: head tasks read the target's features from `batch["features"]` (`features.py`)
+        instead of running the target every step; ignored for kind="draft".
+    """
     if task.kind == "draft":
         return build_distill_task(task, loss, target, seed, abstract)
     from specjax.train import head_tasks  # needs the Medusa / EAGLE modules
 
     if task.kind == "medusa":
-        return head_tasks.build_medusa_task(task, loss, target, seed, abstract)
-    return head_tasks.build_eagle_task(task, loss, target, seed, abstract, vocab_ids)
+        return head_tasks.build_medusa_task(task, loss, target, seed, abstract, cached_features, vocab_ids)
+    return head_tasks.build_eagle_task(task, loss, target, seed, abstract, vocab_ids, cached_features)
+
+
+def task_module(task: Task, params, frozen):
+    """The trained module (Transformer, MedusaHeads or EagleHead) holding `params` (what a drafter runs)."""
+    rest = (frozen["draft_rest"],) if task.kind == "draft" else ()
+    return nnx.merge(task.graphdef, params, *rest)

@@ -17,10 +17,12 @@ from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import TrainConfig, TrainConfigError, to_dict
 from specjax.train.data import BatchOrder, PackedRows, dev_batches, pack
 from specjax.train.distill_data import load_documents
+from specjax.train.features import attach_features
 from specjax.train.metrics import MetricsLog
 from specjax.train.models import Target, build_target
 from specjax.train.step import TrainState, init_state, make_eval_step, make_optimizer, make_train_step
 from specjax.train.tasks import Task, build_task
+from specjax.train.tau import DevTau, prompt_ids
 
 
 class TrainingDiverged(RuntimeError):
@@ -83,21 +85,49 @@ def compile_run(cfg: TrainConfig, task: Task, mesh):
     return state, frozen, state_sh, step_fn, eval_fn
 
 
+@dataclasses.dataclass
+class Prepared:
+    """What a run trains on: the target, packed rows (with cached features for head tasks), the Task and
+    the dev prompts' token ids (for the periodic τ evaluation)."""
+
+    target: Target
+    train_rows: PackedRows
+    dev_rows: PackedRows
+    task: Task
+    dev_prompts: list[list[int]]
+
+
+def uses_feature_cache(cfg: TrainConfig) -> bool:
+    """Head tasks train from cached target features unless data.feature_cache is off."""
+    return cfg.data.feature_cache and cfg.task.kind in ("medusa", "eagle")
+
+
 def prepare(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=lambda s: None):
-    """Target, packed train / dev rows and the Task of a run (no device state yet)."""
+    """(target, train rows, dev rows, task) of a run (no device state yet); see `prepare_run`."""
+    p = prepare_run(cfg, target, tokenizer, log)
+    return p.target, p.train_rows, p.dev_rows, p.task
+
+
+def prepare_run(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=lambda s: None) -> Prepared:
+    """Target, packed train / dev rows (with their cached target features for head tasks), Task, dev prompts."""
     target = target or build_target(cfg.task, cfg.seed)
     train_docs, dev_docs = load_documents(cfg.data, target, cfg.progress, log, tokenizer)
     pad = target.model.cfg.pad_id
     train_rows, dev_rows = pack(train_docs, cfg.seq_len, pad), pack(dev_docs, cfg.seq_len, pad)
+    cached = uses_feature_cache(cfg)
+    if cached:
+        train_rows, dev_rows = attach_features(
+            target.model, target.identity, train_rows, dev_rows, cfg.data.feature_dir,
+            cfg.batch_size // cfg.optim.accum_steps, cfg.compute_dtype, cfg.progress, log)
     vocab_ids = None
-    if cfg.task.kind == "eagle" and cfg.task.draft_vocab:
+    if cfg.task.kind in ("medusa", "eagle") and cfg.task.draft_vocab:
         from specjax.models.draft_vocab import DraftVocab
 
         vocab = DraftVocab.from_token_ids([d.ids_n for d in train_docs], target.model.cfg.vocab_size,
                                           cfg.task.draft_vocab, always=target.model.cfg.eos_ids)
         vocab_ids = vocab.ids_n
-    task = build_task(cfg.task, cfg.loss, target, cfg.seed, vocab_ids=vocab_ids)
-    return target, train_rows, dev_rows, task
+    task = build_task(cfg.task, cfg.loss, target, cfg.seed, vocab_ids=vocab_ids, cached_features=cached)
+    return Prepared(target, train_rows, dev_rows, task, prompt_ids(dev_docs, cfg.tau_prompts))
 
 
 def evaluate(eval_fn, params, frozen, rows: PackedRows, cfg: TrainConfig, mesh) -> dict[str, float]:
@@ -127,10 +157,13 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
       TrainingDiverged: NaN/Inf loss or gradient; the last good checkpoint stays the latest.
       TrainConfigError: options that do not fit the data or the devices.
     """
+    t_start = time.perf_counter()
     out = Path(cfg.out_dir)
     mesh = make_run_mesh(cfg)
     log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard)
-    target, train_rows, dev_rows, task = prepare(cfg, target, tokenizer, log.message)
+    prep = prepare_run(cfg, target, tokenizer, log.message)
+    train_rows, dev_rows, task = prep.train_rows, prep.dev_rows, prep.task
+    dev_tau = DevTau(cfg, prep.target.model, task, prep.dev_prompts) if cfg.tau_every and prep.dev_prompts else None
     check_batch_fits(cfg, mesh)
     log.message(f"{task.kind}: {n_params(task.params) / 1e6:.2f}M trainable parameters; "
                 f"{train_rows.n_rows} train rows ({train_rows.target_tokens} target tokens), "
@@ -163,7 +196,8 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
                     f"step {step + 1}: loss {float(m['loss'])} / gradient norm {float(m['grad_norm'])} is not finite; "
                     f"stopped. Last good checkpoint: step {ckpt.latest_step()} in {out / 'ckpt'}")
             row = {k: float(v) for k, v in m.items() if k != "finite"}
-            row.update(step_s=now - t0, tok_s=cfg.batch_size * cfg.seq_len / (now - t0))
+            # wall_s: since this process entered train() (data, features, compiles and dev evaluations included).
+            row.update(step_s=now - t0, tok_s=cfg.batch_size * cfg.seq_len / (now - t0), wall_s=now - t_start)
             done = step + 1
             log.advance()
             if done % cfg.log_every == 0 or done == cfg.steps:
@@ -173,6 +207,10 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
                 dev, dev_step = evaluate(eval_fn, state.params, frozen, dev_rows, cfg, mesh), done
                 log.log(done, "dev", dev)
                 history.append({"step": done, **{f"dev_{k}": v for k, v in dev.items()}})
+            if dev_tau is not None and (done % cfg.tau_every == 0 or done == cfg.steps):
+                tau = dev_tau(state.params, frozen)
+                log.log(done, "tau", tau)
+                history.append({"step": done, **tau})
             if (cfg.save_every and done % cfg.save_every == 0) or done == cfg.steps:
                 dev_loss = dev["loss"] if dev_step == done else None
                 ckpt.save(state, meta(data_pos, dev), dev_loss, task.export(state.params, frozen), done == cfg.steps)

@@ -49,18 +49,20 @@ def test_config_round_trips_through_json(tmp_path):
     assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
 
 
-def test_stop_then_resume_is_bitwise_identical(tmp_path):
-    full = train(tiny_run(tmp_path / "full", steps=6, save_every=2))
-    first = train(tiny_run(tmp_path / "split", steps=3, save_every=2))  # checkpoints at 2 and at its end, 3
+@pytest.mark.parametrize("kind", ["draft", "eagle"])  # eagle: trained from the cached target features
+def test_stop_then_resume_is_bitwise_identical(tmp_path, kind):
+    full = train(tiny_run(tmp_path / "full", kind, steps=6, save_every=2))
+    first = train(tiny_run(tmp_path / "split", kind, steps=3, save_every=2))  # checkpoints at 2 and at its end, 3
     assert int(first.state.step) == 3
-    resumed = train(tiny_run(tmp_path / "split", steps=6, save_every=2))
+    resumed = train(tiny_run(tmp_path / "split", kind, steps=6, save_every=2))
     _assert_bitwise(full.state, resumed.state)
     assert _train_steps(tmp_path / "split") == list(range(1, 7))
 
 
 @pytest.mark.slow
-def test_kill_9_mid_run_then_resume_is_bitwise_identical(tmp_path):
-    cfg = tiny_run(tmp_path / "killed", steps=8, save_every=2)
+@pytest.mark.parametrize("kind", ["draft", "medusa"])  # medusa: trained from the cached target features
+def test_kill_9_mid_run_then_resume_is_bitwise_identical(tmp_path, kind):
+    cfg = tiny_run(tmp_path / "killed", kind, steps=8, save_every=2)
     full = train(dataclasses.replace(cfg, out_dir=str(tmp_path / "full")))
     proc = subprocess.run([sys.executable, "-c", _KILLED_RUN, json.dumps(to_dict(cfg)), "5"], cwd=os.getcwd(),
                           capture_output=True, text=True, timeout=600)

@@ -27,7 +27,7 @@ def test_short_run_lowers_dev_loss_and_leaves_loadable_checkpoint(tiny_train_con
     rows = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, 13))
-    assert {"loss", "acc", "top5", "tok_s", "step_s", "lr", "grad_norm"} <= set(train_rows[0])
+    assert {"loss", "acc", "top5", "tok_s", "step_s", "wall_s", "lr", "grad_norm"} <= set(train_rows[0])
     ckpt = load_draft_checkpoint(result.out_dir)
     assert ckpt.kind == kind and ckpt.target.startswith("random:tiny")
     exported = result.task.export(result.state.params, result.task.frozen)

@@ -199,6 +199,8 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
     what plain constrained decoding samples from.
     """
 
+    cheap = is_cheap(drafter)
+
     def verify_target(hidden_btd, state_bt):
         """Greedy: the target's argmax tokens [B, k+1]; sampling: its (masked) logits [B, k+1, V]."""
         if sampling.greedy and grammar is None:
@@ -252,6 +254,9 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b)
 
     def spec_round(s: SpecState, draft, state_bt) -> SpecState:
+        """Verifies `draft`. An empty draft ("no idea") leaves a cheap drafter's average alone (its shadow
+        drafts keep measuring), but counts as 0 accepted for a costly one: the policy decides without
+        seeing drafts, so a row that stops drafting must lower its average to let plain rounds in."""
         live_b = ~s.done_b
         key, sub = jax.random.split(s.key)
         verify = verify_chain if draft.parent_bk is None else verify_tree
@@ -265,7 +270,7 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
             drafted_bk=s.drafted_bk + (live_b1 & (i_k < reach_b[:, None])).astype(jnp.int32),
             accepted_bk=s.accepted_bk + (live_b1 & (i_k < accepted_b[:, None])).astype(jnp.int32),
             draft_tokens_b=s.draft_tokens_b + jnp.where(live_b, draft.len_b, 0),
-            accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & (draft.len_b > 0)),
+            accept_ema_b=ema(s.accept_ema_b, accepted_b, live_b & ((draft.len_b > 0) | ~cheap)),
             plain_streak=jnp.zeros_like(s.plain_streak),
             shadow_len_b=jnp.zeros_like(s.shadow_len_b),  # the next plain round starts afresh
         )
@@ -308,7 +313,7 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
         if adapt is None:
             return spec_round(*propose(s))
         want_b = ~s.done_b & (s.accept_ema_b >= adapt.threshold(k))
-        if is_cheap(drafter):
+        if cheap:
             s, draft, state_bt = propose(s)
             want_b = want_b & (draft.len_b > 0)
             return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft, state_bt)

@@ -128,12 +128,18 @@ def test_one_grammar_for_all_rows_and_sampling_varies(plain):
     assert len({o.text for o in out}) > 1  # it sampled
 
 
+# The layer-skip drafter is costly: under the adaptive policy it drafts (and its drafts are cut by the
+# grammar) in speculative rounds only, with plain and probe rounds in between.
+@pytest.mark.parametrize("spec_cfg", [SpecConfig(k=4, adaptive=False),
+                                      pytest.param(SpecConfig(k=4, method="layerskip", layers=2, probe_every=2),
+                                                   marks=pytest.mark.slow)],
+                         ids=["ngram", "layerskip-adaptive"])
 @pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 3])
-def test_speculative_greedy_equals_plain_constrained_greedy(plain, spec, batch_size):
+def test_speculative_greedy_equals_plain_constrained_greedy(plain, spec, batch_size, spec_cfg):
     kinds = ["regex", "arith", "json"]
     cfg = GenerateConfig(max_new_tokens=48, batch_size=batch_size, grammar=tuple(SPECS[k] for k in kinds))
     ref, _ = plain.generate(PROMPTS[:3], cfg)
-    out, stats = spec.generate(PROMPTS[:3], cfg, SpecConfig(k=4, adaptive=False))
+    out, stats = spec.generate(PROMPTS[:3], cfg, spec_cfg)
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert [o.finish_reason for o in out] == [r.finish_reason for r in ref]
     assert check_outputs(kinds, out) == 3

@@ -42,6 +42,14 @@ class CountingDrafter(EchoDrafter):
         return super().observe(model, draft_params, echo, obs), log_n
 
 
+class EmptyCountingDrafter(CountingDrafter):
+    """Proposes nothing (len_b = 0), e.g. a confidence cut: must still back off to plain rounds."""
+
+    def propose(self, model, draft_params, state, k):
+        draft, draft_state = super().propose(model, draft_params, state, k)
+        return draft.replace(len_b=jnp.zeros_like(draft.len_b)), draft_state
+
+
 def test_cheapness_is_declared_per_drafter():
     assert is_cheap(NgramDrafter()) and not is_cheap(LayerSkipDrafter.early_exit(2))
     assert not is_cheap(object())  # undeclared: treated as costly
@@ -53,19 +61,20 @@ def test_probe_every_must_be_a_positive_integer():
     assert SpecConfig(probe_every=5).policy().probe_every == 5
 
 
-@pytest.mark.parametrize("probe_every", [1, 3])
-def test_costly_drafter_proposes_only_in_speculative_rounds_and_probes(tiny_model, probe_every):
+@pytest.mark.parametrize(("drafter", "probe_every"), [(CountingDrafter(), 1), (CountingDrafter(), 3),
+                                                      (EmptyCountingDrafter(), 3)])
+def test_costly_drafter_proposes_only_in_speculative_rounds_and_probes(tiny_model, drafter, probe_every):
     cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
     ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
     assert all(0 not in r.tokens for r in ref), "the tiny model generates the pad id: pick another bad draft"
-    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=CountingDrafter())
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
     spec = SpecConfig(k=K, probe_every=probe_every)
     out, stats = gen.generate(PROMPTS, cfg, spec)
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert stats.acceptance_by_position == (0.0,) * K, stats.line()
     # Re-run the compiled program to read the final state: which steps proposed, what was observed.
     _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
-    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=CountingDrafter(),
+    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter,
                                 adapt=spec.policy())
     (hist_bl, len_b, bad), log_n = state.draft_state
     steps = int(state.steps)

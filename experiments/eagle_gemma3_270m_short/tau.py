@@ -8,7 +8,6 @@ import sys
 import time
 
 from specjax.decode.eagle_drafter import EagleDrafter
-
 from specjax.decode.generate import GenerateConfig
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
 from specjax.models.draft_vocab import DraftVocab

@@ -88,8 +88,7 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
       GrammarError: more than ``max_states`` states before minimisation (naming the recursive rules and the
         options to change), or an empty language under the bounds.
     """
-    raw_trans, raw_accept, builder = _Builder(cfg, max_depth, max_states).run()
-    trans = builder.expand(raw_trans)
+    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states).run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -105,14 +104,14 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
         if ids_of_block[b] < 0:
             ids_of_block[b] = n
             n += 1
-    out = np.zeros((n, 256), np.int32)
+    out = np.zeros((n, trans.shape[1]), np.int32)
     acc = np.zeros(n, bool)
     src = np.nonzero(alive)[0]
     ids = ids_of_block[block]
     tgt = trans[src]
     out[ids[src]] = np.where(tgt >= 0, ids[np.maximum(tgt, 0)], DEAD)
     acc[ids[src]] = raw_accept[src]
-    return ByteAutomaton(out, acc, builder.truncated, len(raw_accept))
+    return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
 
 
 def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:

@@ -81,14 +81,21 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
         count = new_count
 
 
-def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
+def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar") -> ByteAutomaton:
     """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
+    Args:
+      cfg: the grammar.
+      max_depth: nesting bound (see the module docstring).
+      max_states: refuse once the subset construction reaches this many states, or its parser closures
+        this many configurations times 8; checked as they grow, so memory stays bounded by the cap.
+      name: how error messages name the grammar.
+
     Raises:
-      GrammarError: more than ``max_states`` states before minimisation (naming the recursive rules and the
-        options to change), or an empty language under the bounds.
+      GrammarError: the cap was reached (naming the grammar, the count, the recursive rules and the options to
+        change), or an empty language under the bounds.
     """
-    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states).run()  # over byte classes
+    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name).run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -126,8 +133,9 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 class _Builder:
     """Subset construction over lexer threads; see the module docstring."""
 
-    def __init__(self, cfg: Cfg, max_depth: int, max_states: int):
-        self.cfg, self.max_depth, self.max_states = cfg, max_depth, max_states
+    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str):
+        self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
+        self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
         mats = [d.trans for d in cfg.terminals]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
@@ -172,6 +180,9 @@ class _Builder:
             if f in seen:
                 continue
             seen.add(f)
+            self._work += 1
+            if self._work > 8 * self.max_states:  # a closure may blow up before any state is added
+                self._too_big(f"{self._work} parser configurations")
             if not f:
                 accept = True
                 continue
@@ -249,7 +260,7 @@ class _Builder:
                 key = (nxt, False)
                 if key not in ids:
                     if len(order) >= self.max_states:
-                        self._too_big()
+                        self._too_big(f"{len(order)} automaton states")
                     ids[key] = len(order)
                     order.append(key)
                 row.append(ids[key])
@@ -274,10 +285,10 @@ class _Builder:
                 merged.setdefault((t, q2), set()).add(c)
         return frozenset((t, q2, self._union(frozenset(cs))) for (t, q2), cs in merged.items())
 
-    def _too_big(self) -> None:
-        nested = sorted({self.cfg.rule_names[-x - 1].removesuffix("__rest") for form in self._closure_memo
+    def _too_big(self, reached: str) -> None:
+        nested = sorted({self.cfg.rule_names[-x - 1].split("__")[0] for form in self._closure_memo
                          for x, k in Counter(form).items() if x < 0 and k > 1})
         raise GrammarError(
-            f"the grammar needs more than {self.max_states} automaton states (max_states) at nesting depth "
-            f"{self.max_depth} (max_depth); nesting through rules {', '.join(nested[:8]) or '(none)'} "
-            "multiplies the states: lower max_depth or raise max_states")
+            f"{self.name} is too large at nesting depth {self.max_depth} (max_depth): the construction stopped at "
+            f"{reached} (cap: max_states={self.max_states}); nesting through rules "
+            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: lower max_depth or raise max_states")

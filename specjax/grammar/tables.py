@@ -60,7 +60,8 @@ def pack_bits(bits_rv: np.ndarray) -> np.ndarray:
         padded = np.zeros((r, -(-v // 32) * 32), bool)
         padded[:, :v] = bits_rv
         bits_rv = padded
-    return np.ascontiguousarray(np.packbits(bits_rv, axis=1, bitorder="little")).view("<u4").astype(np.uint32)
+    flat = np.packbits(np.ascontiguousarray(bits_rv).reshape(-1), bitorder="little")  # rows are whole words
+    return flat.view("<u4").astype(np.uint32).reshape(r, -1)
 
 
 def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +92,7 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     column_v = np.full(vocab.size, len(uniq) + 1, np.int64)  # each token's column of alive_rk
     column_v[text] = tok_string.reshape(-1)
     column_v[vocab.kind_v == 1] = len(uniq)  # EOS: acceptance
-    packed = np.concatenate([pack_bits(alive_rk[lo:lo + _CHUNK][:, column_v].view(bool))
+    packed = np.concatenate([pack_bits(np.take(alive_rk[lo:lo + _CHUNK], column_v, axis=1).view(bool))
                              for lo in range(0, len(alive_rk), _CHUNK)])
     return packed, row_of_rep[state_class].astype(np.int32)
 

@@ -27,7 +27,7 @@ import numpy as np
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import Cfg
 
-__all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes"]
+__all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_ids"]
 
 DEAD, INITIAL = 0, 1
 
@@ -57,24 +57,40 @@ def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
     return rank[cls.reshape(-1)].astype(np.int32), len(first)
 
 
+def row_ids(rows_nk: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
+
+    Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
+    sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
+    only then are whole rows sorted.
+    """
+    mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
+    hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
+    _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if not (rows_nk == rows_nk[first[ids]]).all():
+        ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
+    return ids
+
+
 def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> tuple[np.ndarray, int]:
     """Moore partition refinement: returns (block per state, n_blocks); ``trans`` uses -1 or ``dead`` for reject.
 
-    Rejecting transitions are mapped to an extra sink so that they compare equal.
+    Rejecting transitions are mapped to an extra sink so that they compare equal. Only distinct columns are
+    compared (bytes that act alike everywhere, e.g. all letters of a class, are one column).
     """
     n = len(accept)
     sink = n
     t = np.where(trans < 0, sink, trans)
+    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
     part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
     if dead is not None:
         part[dead] = 2  # the dead state is alone (and equal to the sink)
         part[sink] = 2
     count = len(np.unique(part))
-    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)])
+    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
     while True:
-        sig = np.concatenate([part[:, None], part[t_full]], axis=1)
-        _, part = np.unique(sig, axis=0, return_inverse=True)
-        part = part.reshape(-1)
+        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
         new_count = int(part.max()) + 1
         if new_count == count:
             return part[:n], new_count

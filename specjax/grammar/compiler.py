@@ -21,7 +21,7 @@ from specjax.grammar.tables import Vocabulary, mask_rows
 __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
 _CACHE_VERSION = "1"
-_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "tables.py", "compiler.py")
+_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "tables.py", "compiler.py")
 
 
 def _code_version() -> str:

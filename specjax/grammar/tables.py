@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax.grammar.automaton import DEAD, ByteAutomaton, byte_classes
+from specjax.grammar.automaton import DEAD, ByteAutomaton, byte_classes, row_ids
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
 
@@ -76,7 +76,7 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     uniq, tok_string = _class_strings(vocab, cls_b, text)
     trie = _Trie(uniq)
     # Rows are first told apart over the U unique class strings (+ acceptance): far fewer columns than V.
-    row_ids: dict[bytes, int] = {}
+    row_index: dict[bytes, int] = {}
     row_keys: list[np.ndarray] = []
     row_of_rep = np.zeros(len(reps), np.int64)
     for lo in range(0, len(reps), _CHUNK):
@@ -84,7 +84,7 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
         alive_ru = _walk(trans_sc, n_cls, chunk, trie, len(uniq))
         alive_ru = np.concatenate([alive_ru, auto.accept_s[chunk][:, None]], axis=1)
         for i, key in enumerate(np.packbits(alive_ru, axis=1)):
-            row_of_rep[lo + i] = row_ids.setdefault(key.tobytes(), len(row_ids))
+            row_of_rep[lo + i] = row_index.setdefault(key.tobytes(), len(row_index))
             if row_of_rep[lo + i] == len(row_keys):
                 row_keys.append(key)
     alive_rk = np.unpackbits(np.stack(row_keys), axis=1, count=len(uniq) + 1)
@@ -113,14 +113,12 @@ def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np
     part = (np.arange(len(accept)) != DEAD).astype(np.int64)
     count = 2
     for _ in range(depth):
-        sig = np.concatenate([part[:, None], part[trans_sc]], axis=1)
-        part = np.unique(sig, axis=0, return_inverse=True)[1].reshape(-1)
+        part = row_ids(np.concatenate([part[:, None], part[trans_sc]], axis=1))
         new = int(part.max()) + 1
         if new == count:
             break
         count = new
-    sig = np.stack([part, accept.astype(np.int64)], axis=1)
-    return np.unique(sig, axis=0, return_inverse=True)[1].reshape(-1)
+    return row_ids(np.stack([part, accept.astype(np.int64)], axis=1))
 
 
 class _Trie:

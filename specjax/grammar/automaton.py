@@ -20,6 +20,7 @@ state) and Moore minimisation with numpy.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 
 import numpy as np
@@ -30,6 +31,7 @@ from specjax.grammar.frontend import Cfg
 __all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_ids"]
 
 DEAD, INITIAL = 0, 1
+_HELPER = re.compile(r"(__rest|__f\d+)+$")  # rules the front-end added, named after their origin
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -302,7 +304,7 @@ class _Builder:
         return frozenset((t, q2, self._union(frozenset(cs))) for (t, q2), cs in merged.items())
 
     def _too_big(self, reached: str) -> None:
-        nested = sorted({self.cfg.rule_names[-x - 1].split("__")[0] for form in self._closure_memo
+        nested = sorted({_HELPER.sub("", self.cfg.rule_names[-x - 1]) for form in self._closure_memo
                          for x, k in Counter(form).items() if x < 0 and k > 1})
         raise GrammarError(
             f"{self.name} is too large at nesting depth {self.max_depth} (max_depth): the construction stopped at "

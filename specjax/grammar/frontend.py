@@ -13,6 +13,7 @@ it, which does not change the set of accepted strings either (see docs/grammar.m
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import lark
 import lark.exceptions
@@ -188,7 +189,10 @@ def _factor_alternatives(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, l
 
     def helper(name: str, tails: frozenset) -> str:
         if (h := helpers.get(tails)) is None:  # equal suffix sets share one rule: suffixes are merged too
-            h = helpers[tails] = f"{name.split('__')[0]}__f{len(helpers)}"
+            base, k = re.sub(r"(__rest|__f[0-9]+)+$", "", name), len(helpers)
+            while f"{base}__f{k}" in rules or f"{base}__f{k}" in out:  # never a name the grammar uses
+                k += 1
+            h = helpers[tails] = f"{base}__f{k}"
             out[h] = group(name, tails)
         return h
 

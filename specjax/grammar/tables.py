@@ -87,14 +87,19 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
             row_of_rep[lo + i] = row_index.setdefault(key.tobytes(), len(row_index))
             if row_of_rep[lo + i] == len(row_keys):
                 row_keys.append(key)
-    alive_rk = np.unpackbits(np.stack(row_keys), axis=1, count=len(uniq) + 1)
+    return _expand_rows(np.stack(row_keys), vocab, tok_string, len(uniq)), row_of_rep[state_class].astype(np.int32)
+
+
+def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray, n_strings: int) -> np.ndarray:
+    """Packed rows over class strings (+ acceptance) → packed rows over the V token ids."""
+    alive_rk = np.unpackbits(keys_rk, axis=1, count=n_strings + 1)
     alive_rk = np.concatenate([alive_rk, np.zeros((len(alive_rk), 1), np.uint8)], axis=1)  # never: specials
-    column_v = np.full(vocab.size, len(uniq) + 1, np.int64)  # each token's column of alive_rk
-    column_v[text] = tok_string.reshape(-1)
-    column_v[vocab.kind_v == 1] = len(uniq)  # EOS: acceptance
-    packed = np.concatenate([pack_bits(np.take(alive_rk[lo:lo + _CHUNK], column_v, axis=1).view(bool))
-                             for lo in range(0, len(alive_rk), _CHUNK)])
-    return packed, row_of_rep[state_class].astype(np.int32)
+    column_v = np.full(vocab.size, n_strings + 1, np.int64)  # each token's column of alive_rk
+    column_v[vocab.kind_v == 0] = tok_string.reshape(-1)
+    column_v[vocab.kind_v == 1] = n_strings  # EOS: acceptance
+    # np.take, not fancy indexing along axis 1: ~10x faster for [rows, 262,144] gathers.
+    return np.concatenate([pack_bits(np.take(alive_rk[lo:lo + _CHUNK], column_v, axis=1).view(bool))
+                           for lo in range(0, len(alive_rk), _CHUNK)])
 
 
 def _class_strings(vocab: Vocabulary, cls_b: np.ndarray, text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -32,6 +32,7 @@ __all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_
 
 DEAD, INITIAL = 0, 1
 _HELPER = re.compile(r"(__rest|__f\d+)+$")  # rules the front-end added, named after their origin
+_FACTORED = re.compile(r"__f\d+$")  # the front-end's factored alternatives
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -169,9 +170,10 @@ class _Builder:
         # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
         # each bracket level may hold a few expression levels (expr, term, factor), and the bound on them
         # only exists to stop self-embedding without any pending terminal.
+        self._must = self._helper_contents()
         per_alt: dict[int, int] = {}
         for syms in self.alt_syms:
-            for x, k in Counter(syms).items():
+            for x, k in self._weight(syms).items():
                 per_alt[x] = max(per_alt.get(x, 0), k)
         self.limit = {x: max(max_depth if x >= 0 else 4 * max_depth, k) for x, k in per_alt.items()}
         self.truncated = False
@@ -210,13 +212,44 @@ class _Builder:
                 continue
             for a in self.alts_of[-sym - 1]:
                 new = self.alt_syms[a] + rest
-                if rest and any(k > self.limit[x] for x, k in Counter(new).items()):
+                if rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
                     self.truncated = True  # deeper than max_depth: masked out
                     continue
                 todo.append(new)
         out = (frozenset(expects), accept)
         self._closure_memo[form] = out
         return out
+
+    def _helper_contents(self) -> dict[int, Counter]:
+        """Per factored helper rule (``x__f3``): the symbols every one of its alternatives holds.
+
+        A helper pending in a form stands for one of several suffixes of an original alternative; counting
+        what they all hold (e.g. the closing bracket) keeps the nesting bound as tight as before factoring.
+        """
+        helper = {-(n + 1) for n, name in enumerate(self.cfg.rule_names) if _FACTORED.search(name)}
+        must: dict[int, Counter] = {}
+
+        def contents(h: int) -> Counter:
+            if h not in must:
+                common = None
+                for a in self.alts_of[-h - 1]:
+                    c = Counter(self.alt_syms[a])
+                    for x in [x for x in c if x in helper]:
+                        c.update({y: k * c[x] for y, k in contents(x).items()})
+                    common = c if common is None else common & c
+                must[h] = common or Counter()
+            return must[h]
+
+        for h in helper:  # helpers form a DAG (finite sets of suffixes), so this terminates
+            contents(h)
+        return must
+
+    def _weight(self, form: tuple[int, ...]) -> Counter:
+        """Symbol counts of a pending form, helpers counted with what they must hold."""
+        counts = Counter(form)
+        for x in [x for x in counts if x in self._must]:
+            counts.update({y: k * counts[x] for y, k in self._must[x].items()})
+        return counts
 
     def _intern(self, expects: frozenset, accept: bool) -> int:
         key = (expects, accept)

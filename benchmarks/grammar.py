@@ -39,6 +39,18 @@ sys.path.insert(0, str(SHARED / "bench"))
 os.environ.setdefault("PEERS_CACHE", "/tmp/grammar-peers")
 
 
+JSON_LARK = r"""
+?start: value
+?value: object | array | STRING | NUMBER | "true" | "false" | "null"
+array: "[" [value ("," value)*] "]"
+object: "{" [pair ("," pair)*] "}"
+pair: STRING ":" value
+STRING: /"([^"\\\x00-\x1f]|\\["\\\/bfnrt]|\\u[0-9a-fA-F]{4})*"/
+NUMBER: /-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/
+%ignore /[ \t\n\r]+/
+"""
+
+
 def pct(xs, q):
     return float(np.percentile(np.asarray(xs, np.float64), q)) if len(xs) else float("nan")
 
@@ -60,10 +72,17 @@ def workloads(n_schemas: int, n_paths: int, tokenizer):
     eos = tokenizer.eos_ids[0]
 
     def paths(text, docs, depth):
+        """The fixed document, then n_paths - 1 strings sampled from the grammar (seeded)."""
+        sampler = LarkSampler(text, max_depth=depth)
+        docs = list(docs) + [sampler.sample(random.Random(i)) for i in range(n_paths - 1)]
         return [tokenizer.encode(s, add_bos=False) + [eos] for s in docs]
 
     items = [
-        ("json", json_schema_to_lark(True, flexible), 4, [gp.JSON_DOC], ("json", None)),
+        # Generic JSON with %ignore'd whitespace (tests/grammar/grammar_samples.py). The schema front-end's
+        # flexible whitespace (bounded WS? between all tokens) is refused by the state cap even at max_depth 2
+        # (docs/grammar.md); it is measured as a refusal below.
+        ("json", JSON_LARK, 4, [gp.JSON_DOC], ("json", None)),
+        ("json (schema front-end, flexible ws)", json_schema_to_lark(True, flexible), 3, [gp.JSON_DOC], ("json", None)),
         ("sql", gp.SQL_LARK, 4, [gp.SQL_DOC], ("sql", None)),
         ("arith", gp.ARITH_LARK, 6, [gp.ARITH_DOC], ("arith", None)),
     ]
@@ -80,8 +99,6 @@ def workloads(n_schemas: int, n_paths: int, tokenizer):
     for row in rows:
         if sum(n.startswith("jsb/") for n, *_ in out) >= n_schemas:
             break
-        if any(k in json.dumps(row["schema"]) for k in ("Length", "pattern", "format")):
-            continue  # bounded / patterned strings: the front-end's terminal DFAs take minutes (reported)
         try:
             text = json_schema_to_lark(row["schema"])
             sample = LarkSampler(text, max_depth=3).sample(random.Random(2))

@@ -20,6 +20,7 @@ state) and Moore minimisation with numpy.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 
 import numpy as np
@@ -27,9 +28,11 @@ import numpy as np
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import Cfg
 
-__all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes"]
+__all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_ids"]
 
 DEAD, INITIAL = 0, 1
+_HELPER = re.compile(r"(__rest|__f\d+)+$")  # rules the front-end added, named after their origin
+_FACTORED = re.compile(r"__f\d+$")  # the front-end's factored alternatives
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,39 +60,61 @@ def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
     return rank[cls.reshape(-1)].astype(np.int32), len(first)
 
 
+def row_ids(rows_nk: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
+
+    Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
+    sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
+    only then are whole rows sorted.
+    """
+    mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
+    hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
+    _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if not (rows_nk == rows_nk[first[ids]]).all():
+        ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
+    return ids
+
+
 def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> tuple[np.ndarray, int]:
     """Moore partition refinement: returns (block per state, n_blocks); ``trans`` uses -1 or ``dead`` for reject.
 
-    Rejecting transitions are mapped to an extra sink so that they compare equal.
+    Rejecting transitions are mapped to an extra sink so that they compare equal. Only distinct columns are
+    compared (bytes that act alike everywhere, e.g. all letters of a class, are one column).
     """
     n = len(accept)
     sink = n
     t = np.where(trans < 0, sink, trans)
+    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
     part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
     if dead is not None:
         part[dead] = 2  # the dead state is alone (and equal to the sink)
         part[sink] = 2
     count = len(np.unique(part))
-    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)])
+    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
     while True:
-        sig = np.concatenate([part[:, None], part[t_full]], axis=1)
-        _, part = np.unique(sig, axis=0, return_inverse=True)
-        part = part.reshape(-1)
+        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
         new_count = int(part.max()) + 1
         if new_count == count:
             return part[:n], new_count
         count = new_count
 
 
-def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
+def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar") -> ByteAutomaton:
     """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
+    Args:
+      cfg: the grammar.
+      max_depth: nesting bound (see the module docstring).
+      max_states: refuse once the subset construction reaches this many states, or its parser closures
+        this many configurations times 8; checked as they grow, so memory stays bounded by the cap.
+      name: how error messages name the grammar.
+
     Raises:
-      GrammarError: more than ``max_states`` states before minimisation (naming the recursive rules and the
-        options to change), or an empty language under the bounds.
+      GrammarError: the cap was reached (naming the grammar, the count, the recursive rules and the options to
+        change), or an empty language under the bounds.
     """
-    raw_trans, raw_accept, builder = _Builder(cfg, max_depth, max_states).run()
-    trans = builder.expand(raw_trans)
+    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name).run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -105,14 +130,14 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int) -> ByteAutomaton:
         if ids_of_block[b] < 0:
             ids_of_block[b] = n
             n += 1
-    out = np.zeros((n, 256), np.int32)
+    out = np.zeros((n, trans.shape[1]), np.int32)
     acc = np.zeros(n, bool)
     src = np.nonzero(alive)[0]
     ids = ids_of_block[block]
     tgt = trans[src]
     out[ids[src]] = np.where(tgt >= 0, ids[np.maximum(tgt, 0)], DEAD)
     acc[ids[src]] = raw_accept[src]
-    return ByteAutomaton(out, acc, builder.truncated, len(raw_accept))
+    return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
 
 
 def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
@@ -127,8 +152,9 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 class _Builder:
     """Subset construction over lexer threads; see the module docstring."""
 
-    def __init__(self, cfg: Cfg, max_depth: int, max_states: int):
-        self.cfg, self.max_depth, self.max_states = cfg, max_depth, max_states
+    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str):
+        self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
+        self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
         mats = [d.trans for d in cfg.terminals]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
@@ -144,9 +170,10 @@ class _Builder:
         # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
         # each bracket level may hold a few expression levels (expr, term, factor), and the bound on them
         # only exists to stop self-embedding without any pending terminal.
+        self._must = self._helper_contents()
         per_alt: dict[int, int] = {}
         for syms in self.alt_syms:
-            for x, k in Counter(syms).items():
+            for x, k in self._weight(syms).items():
                 per_alt[x] = max(per_alt.get(x, 0), k)
         self.limit = {x: max(max_depth if x >= 0 else 4 * max_depth, k) for x, k in per_alt.items()}
         self.truncated = False
@@ -173,6 +200,9 @@ class _Builder:
             if f in seen:
                 continue
             seen.add(f)
+            self._work += 1
+            if self._work > 8 * self.max_states:  # a closure may blow up before any state is added
+                self._too_big(f"{self._work} parser configurations")
             if not f:
                 accept = True
                 continue
@@ -182,13 +212,44 @@ class _Builder:
                 continue
             for a in self.alts_of[-sym - 1]:
                 new = self.alt_syms[a] + rest
-                if rest and any(k > self.limit[x] for x, k in Counter(new).items()):
+                if rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
                     self.truncated = True  # deeper than max_depth: masked out
                     continue
                 todo.append(new)
         out = (frozenset(expects), accept)
         self._closure_memo[form] = out
         return out
+
+    def _helper_contents(self) -> dict[int, Counter]:
+        """Per factored helper rule (``x__f3``): the symbols every one of its alternatives holds.
+
+        A helper pending in a form stands for one of several suffixes of an original alternative; counting
+        what they all hold (e.g. the closing bracket) keeps the nesting bound as tight as before factoring.
+        """
+        helper = {-(n + 1) for n, name in enumerate(self.cfg.rule_names) if _FACTORED.search(name)}
+        must: dict[int, Counter] = {}
+
+        def contents(h: int) -> Counter:
+            if h not in must:
+                common = None
+                for a in self.alts_of[-h - 1]:
+                    c = Counter(self.alt_syms[a])
+                    for x in [x for x in c if x in helper]:
+                        c.update({y: k * c[x] for y, k in contents(x).items()})
+                    common = c if common is None else common & c
+                must[h] = common or Counter()
+            return must[h]
+
+        for h in helper:  # helpers form a DAG (finite sets of suffixes), so this terminates
+            contents(h)
+        return must
+
+    def _weight(self, form: tuple[int, ...]) -> Counter:
+        """Symbol counts of a pending form, helpers counted with what they must hold."""
+        counts = Counter(form)
+        for x in [x for x in counts if x in self._must]:
+            counts.update({y: k * counts[x] for y, k in self._must[x].items()})
+        return counts
 
     def _intern(self, expects: frozenset, accept: bool) -> int:
         key = (expects, accept)
@@ -250,7 +311,7 @@ class _Builder:
                 key = (nxt, False)
                 if key not in ids:
                     if len(order) >= self.max_states:
-                        self._too_big()
+                        self._too_big(f"{len(order)} automaton states")
                     ids[key] = len(order)
                     order.append(key)
                 row.append(ids[key])
@@ -275,10 +336,10 @@ class _Builder:
                 merged.setdefault((t, q2), set()).add(c)
         return frozenset((t, q2, self._union(frozenset(cs))) for (t, q2), cs in merged.items())
 
-    def _too_big(self) -> None:
-        nested = sorted({self.cfg.rule_names[-x - 1].removesuffix("__rest") for form in self._closure_memo
+    def _too_big(self, reached: str) -> None:
+        nested = sorted({_HELPER.sub("", self.cfg.rule_names[-x - 1]) for form in self._closure_memo
                          for x, k in Counter(form).items() if x < 0 and k > 1})
         raise GrammarError(
-            f"the grammar needs more than {self.max_states} automaton states (max_states) at nesting depth "
-            f"{self.max_depth} (max_depth); nesting through rules {', '.join(nested[:8]) or '(none)'} "
-            "multiplies the states: lower max_depth or raise max_states")
+            f"{self.name} is too large at nesting depth {self.max_depth} (max_depth): the construction stopped at "
+            f"{reached} (cap: max_states={self.max_states}); nesting through rules "
+            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: lower max_depth or raise max_states")

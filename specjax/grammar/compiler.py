@@ -21,7 +21,7 @@ from specjax.grammar.tables import Vocabulary, mask_rows
 __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
 _CACHE_VERSION = "1"
-_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "tables.py", "compiler.py")
+_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "tables.py", "compiler.py")
 
 
 def _code_version() -> str:
@@ -107,7 +107,7 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
         return _to_device(dict(np.load(path)), vocab)
     t0 = time.perf_counter()
     cfg = load_lark(lark_text, options.start)
-    auto = build_automaton(cfg, options.max_depth, options.max_states)
+    auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
     rows, row_of_state = mask_rows(auto, vocab)
     host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
             "stats": np.array([auto.raw_states, int(auto.truncated), (time.perf_counter() - t0) * 1e6], np.int64)}
@@ -117,6 +117,15 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
         np.savez(tmp, **host)
         tmp.replace(path)  # atomic: a crash never leaves a torn cache entry
     return _to_device(host, vocab)
+
+
+def _describe(lark_text: str, start: str) -> str:
+    """Names a grammar in error messages: its start rule's definition line (grammars have no other name)."""
+    lines = [ln.strip() for ln in lark_text.splitlines()]
+    line = next((ln for ln in lines if ln.lstrip("?!").startswith(f"{start}:")), "")
+    if len(line) > 60:
+        line = line[:57] + "..."
+    return f"the grammar with start rule {start!r} ({line!r})" if line else f"the grammar (start rule {start!r})"
 
 
 def _cache_dir() -> Path:

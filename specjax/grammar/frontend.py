@@ -13,6 +13,7 @@ it, which does not change the set of accepted strings either (see docs/grammar.m
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import lark
 import lark.exceptions
@@ -90,8 +91,9 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     rules = {n: [a for a in alts if all(s in productive or s not in rules for s in a)]
              for n, alts in rules.items() if n in productive}
     rules = {n: rules[n] for n in _reachable(rules, start)}
+    _check_hidden_left_recursion(rules, _nullable(rules))
+    rules = _factor_alternatives(rules)
     nullable = _nullable(rules)
-    _check_hidden_left_recursion(rules, nullable)
     names = sorted(rules, key=lambda n: (n != start, n))
     rule_id = {n: i for i, n in enumerate(names)}
     term_id = {t: i for i, t in enumerate(term_names)}
@@ -159,6 +161,43 @@ def _merge_optional_repeats(rules: dict[str, list[tuple[str, ...]]]) -> dict[str
                     changed = True
                     break
         out[name] = alts
+    return out
+
+
+def _factor_alternatives(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
+    """Shares common prefixes and suffixes of a rule's alternatives (same language).
+
+    Lark spells bounded repetition and inline groups as one alternative per combination: ``term (("+" | "-")
+    term)~0..3`` is 15 alternatives, ``x?`` doubles them. Expanded as they are, each nesting level multiplies
+    the parser configurations by that count (the arithmetic grammar of docs/grammar.md reached millions at
+    depth 3). Factored, the alternatives form a minimal acyclic automaton whose states are helper rules
+    (``expr__f1: ε | "+" term expr__f2 | "-" term expr__f2``), so a configuration only records how far the
+    repetition has come.
+    """
+    out: dict[str, list[tuple[str, ...]]] = {}
+    helpers: dict[frozenset, str] = {}
+
+    def group(name: str, suffixes) -> list[tuple[str, ...]]:
+        by_first: dict[str, set[tuple[str, ...]]] = {}
+        alts = [()] if () in suffixes else []
+        for s in suffixes:
+            if s:
+                by_first.setdefault(s[0], set()).add(s[1:])
+        for first, tails in sorted(by_first.items()):
+            alts.append((first,) + (next(iter(tails)) if len(tails) == 1 else (helper(name, frozenset(tails)),)))
+        return alts
+
+    def helper(name: str, tails: frozenset) -> str:
+        if (h := helpers.get(tails)) is None:  # equal suffix sets share one rule: suffixes are merged too
+            base, k = re.sub(r"(__rest|__f[0-9]+)+$", "", name), len(helpers)
+            while f"{base}__f{k}" in rules or f"{base}__f{k}" in out:  # never a name the grammar uses
+                k += 1
+            h = helpers[tails] = f"{base}__f{k}"
+            out[h] = group(name, tails)
+        return h
+
+    for name, alts in rules.items():
+        out[name] = group(name, set(alts))
     return out
 
 

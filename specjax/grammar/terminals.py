@@ -20,6 +20,7 @@ import interegular
 import numpy as np
 from interegular.fsm import anything_else
 
+from specjax.grammar._counted import sequence_dfa, split_counted
 from specjax.grammar.errors import GrammarError
 
 __all__ = ["ByteDFA", "terminal_dfa", "literal_dfa", "regex_dfa"]
@@ -72,6 +73,9 @@ def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
     """
     _check_supported(regex, where)
     regex = _UNICODE_ESCAPE.sub(lambda m: m[1] + re.escape(chr(int(m[2] or m[3], 16))), regex)
+    if (pieces := split_counted(regex)) is not None:
+        parts = [(d.trans, d.accept, lo, hi) for d, lo, hi in ((regex_dfa(p, where), lo, hi) for p, lo, hi in pieces)]
+        return _minimal(*sequence_dfa(parts))
     try:
         fsm = interegular.parse_pattern(regex).to_fsm()
     except Exception as e:  # interegular raises several unrelated types

@@ -308,7 +308,8 @@ def _union(alts: list[str]) -> str:
     if not nonempty:
         return ""
     body = nonempty[0] if len(nonempty) == 1 else "(" + " | ".join(nonempty) + ")"
-    return f"({body})?" if len(nonempty) < len(alts) else body
+    # Optional only if "" itself is an alternative (not because duplicates were dropped).
+    return f"({body})?" if any(not a for a in alts) else body
 
 
 def _nullable(items) -> bool:

@@ -137,3 +137,10 @@ def test_generated_regexes_both_directions(pattern, data):
     assert re.fullmatch(pattern, s), (pattern, s)
     t = data.draw(st.from_regex(pattern, fullmatch=True, alphabet=ASCII))
     assert re.fullmatch(translate(pattern), t), (pattern, t)
+
+
+def test_duplicate_alternatives_do_not_make_a_branch_optional():
+    from specjax.grammar.regex import regex_to_lark
+
+    assert regex_to_lark("(a|a|a+)") == 'start: (("a" | ("a")+))\n'  # hypothesis found this one
+    assert regex_to_lark("(a||a)") == 'start: (("a")?)\n'

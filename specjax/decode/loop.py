@@ -111,8 +111,8 @@ def next_tokens(model, hidden_b1d, live, key, sampling, temperature, top_p, gram
     Greedy without a grammar asks the model for its argmax only, which for a few rows on CPU
     never builds the [B, 262144] logits (`Transformer.greedy_tokens`).
     """
-    if sampling.greedy and grammar is None and hidden_b1d.shape[0] > 1:
-        return model.greedy_tokens(hidden_b1d)[:, 0]
+    if sampling.greedy and grammar is None:
+        return model.greedy_tokens(hidden_b1d, live)[:, 0]
     logits_bv = model.logits(hidden_b1d, live=live)[:, 0]
     if grammar is not None:
         logits_bv = constrain.mask(grammar, gram_b, logits_bv)

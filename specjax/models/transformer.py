@@ -150,7 +150,7 @@ class Transformer(nnx.Module):
         b, t, d = hidden_btd.shape
         if self.head_quant is not None and b * t == 1:
             logits = self.head_quant.matvec(hidden_btd.reshape(1, -1), live).reshape(1, 1, -1)
-        elif self.head_quant is not None and b * t <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu":
+        elif self._head_in_blocks(b * t):
             # Few rows on CPU (verification, batches): block-wise int8 conversion beats the
             # float32 GEMM; accelerators keep the one large product.
             logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t, -1)
@@ -164,13 +164,16 @@ class Transformer(nnx.Module):
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else jnp.tanh(logits / cap) * cap
 
-    def greedy_tokens(self, hidden_btd: jax.Array) -> jax.Array:
-        """argmax of `logits(hidden_btd)` (int32 [B, T]); few rows on CPU never build the logits."""
+    def greedy_tokens(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
+        """argmax of `logits(hidden_btd, live)` (int32 [B, T]); few rows on CPU never build the logits."""
         b, t, d = hidden_btd.shape
-        if (self.head_quant is not None and self.cfg.final_logit_softcap is None
-                and 1 < b * t <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu"):
+        if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
             return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
-        return jnp.argmax(self.logits(hidden_btd), axis=-1).astype(jnp.int32)
+        return jnp.argmax(self.logits(hidden_btd, live), axis=-1).astype(jnp.int32)
+
+    def _head_in_blocks(self, rows: int) -> bool:
+        """Whether `rows` head products take the block-wise int8 path (CPU, few rows; quant.py)."""
+        return self.head_quant is not None and rows <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu"
 
     def init_cache(self, batch: int, slots: int) -> KVCache:
         c = self.cfg

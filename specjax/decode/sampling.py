@@ -1,7 +1,10 @@
 """Token selection: greedy, temperature, top-k and top-p, as pure jittable functions.
 
 `filter_logits` is separate from `sample` so speculative verification can apply exactly
-the same transformation to target (p) and draft (q) distributions.
+the same transformation to target (p) and draft (q) distributions. `categorical` /
+`sample_weights` draw by a two-level inverse CDF instead of `jax.random.categorical`'s Gumbel
+trick: over Gemma's 262,144 tokens the Gumbel noise (one threefry draw per token) costs ~6 ms a row
+on XLA:CPU — a fifth of a decode step — while two uniforms and two short cumulative sums cost ~0.2 ms.
 """
 
 from __future__ import annotations
@@ -87,4 +90,37 @@ def sample(logits_bv: jax.Array, key: jax.Array, cfg: SamplingConfig, temperatur
     # Whether nucleus filtering runs at all is static (it costs a full vocabulary sort).
     p = 1.0 if cfg.top_p >= 1.0 else (cfg.top_p if top_p is None else top_p)
     x = filter_logits(logits_bv, t, cfg.top_k, p)
-    return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+    return categorical(key, x)
+
+
+def categorical(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits_bv) (entries may be -inf), int32 [B]."""
+    m_b1 = jnp.max(logits_bv, axis=-1, keepdims=True)
+    m_b1 = jnp.where(jnp.isfinite(m_b1), m_b1, 0.0)
+    return sample_weights(key, jnp.exp(logits_bv.astype(jnp.float32) - m_b1))
+
+
+def sample_weights(key: jax.Array, w_bv: jax.Array) -> jax.Array:
+    """One draw per row with probability proportional to the non-negative weights w_bv, int32 [B].
+
+    Exact two-level inverse CDF: a block of ~sqrt(V) tokens is drawn by its total weight, then a
+    token inside it by its own, so P(v) = W(block)/W · w(v)/W(block) = w(v)/W. Each level's float32
+    cumulative sum runs over ~512 terms, not V, which keeps its rounding negligible. A token of weight
+    0 is never drawn: u is in (0, 1] and a token is chosen where the cumulative sum first reaches u·W,
+    i.e. where it strictly increases. A row of all zeros returns token 0.
+    """
+    b, v = w_bv.shape
+    n_blk = max(1, int(round(v ** 0.5)))
+    width = -(-v // n_blk)
+    blocks_bnw = jnp.pad(w_bv.astype(jnp.float32), ((0, 0), (0, n_blk * width - v))).reshape(b, n_blk, width)
+    u_2b = 1.0 - jax.random.uniform(key, (2, b))  # in (0, 1]
+    blk_b = _first_reaching(jnp.sum(blocks_bnw, axis=-1), u_2b[0])
+    row_bw = jnp.take_along_axis(blocks_bnw, blk_b[:, None, None], axis=1)[:, 0]
+    return (blk_b * width + _first_reaching(row_bw, u_2b[1])).astype(jnp.int32)
+
+
+def _first_reaching(w_bn: jax.Array, u_b: jax.Array) -> jax.Array:
+    """Per row, the first index whose cumulative weight reaches u · total (u in (0, 1])."""
+    c_bn = jnp.cumsum(w_bn, axis=-1)
+    idx_b = jnp.sum(c_bn < (u_b * c_bn[:, -1])[:, None], axis=-1)
+    return jnp.minimum(idx_b, w_bn.shape[-1] - 1)

@@ -3,9 +3,9 @@
 A *speculative round* runs ONE target forward over [last, d_1 … d_k] for the whole batch and
 verifies the drafts. A *plain round* runs the one-token forward of `loop.generate_program`
 instead and samples one token, exactly as plain decoding would. With an `Adaptive` policy the
-loop body is `lax.cond(any row expects enough accepted tokens, speculative, plain)`: on XLA:CPU a
-(k+1)-row forward plus float32 head costs ~2.5–3.5 one-row steps (docs/performance.md), so
-speculating only pays when the drafts are good.
+loop body is `lax.cond(the batch's drafts are expected to pay, speculative, plain)`: on XLA:CPU a
+speculative round costs ~1.8–8 plain rounds depending on batch, k and sampling (`Adaptive`,
+docs/performance.md), so speculating only pays when the drafts are good.
 
 Draft quality is tracked per row as an exponential moving average of the tokens a draft gets
 accepted (`accept_ema_b`). Speculative rounds update it from verification. How plain rounds keep it
@@ -40,33 +40,69 @@ from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
 from specjax.models.kv_cache import move_slots
+from specjax.models.quant import MAX_CHUNKED_ROWS
 
 
 @dataclasses.dataclass(frozen=True)
 class Adaptive:
     """When to speculate (static: part of the compiled program).
 
+    The batch speculates when the drafts' expected extra tokens, summed over its live rows, pay for the
+    round: a speculative round runs every row's k+1 positions, so it costs `verify_cost` plain rounds
+    for the whole batch however few rows have good drafts. With e_b a row's moving average of accepted
+    draft tokens (0 for a cheap drafter's row without a draft), the rule is
+
+        mean over live rows of e_b  >=  bar = max(threshold(k), verify_cost(b, k, greedy) - 1)
+
+    At batch 1 the floor `threshold(k)` decides (it leaves a margin over break-even: the average
+    overshoots after lucky streaks). At batch 8 one repetitive row no longer drags seven others
+    through a verify forward that costs 2–8 of their plain steps.
+
     Attributes:
-      min_expected_accept: a row wants a speculative round when its moving average of accepted draft
-        tokens per round is at least this (and, for a cheap drafter, it has a draft); the batch
-        speculates when any row wants to (the threshold is capped at 0.75 k). Break-even on XLA:CPU
-        at batch 1 is ~1.5 (k=2) to ~2.5 (k=8) for free drafts, higher for costly ones.
+      min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
+        still qualify. Break-even on XLA:CPU at batch 1 is ~0.8 (k=4) to ~1.3 (k=8) for free drafts.
       ema_weight: weight of the newest observation in the moving average.
       probe_every: costly drafters only (cheap ones learn from shadow drafts): after this many
         consecutive plain rounds the next round speculates anyway, to re-measure the drafts. A probe
         that fails costs about one verify forward plus the draft (~3–6 plain steps on XLA:CPU), so
         16 bounds the loss on text the drafter never predicts to roughly a quarter of plain speed
         while noticing within ~2 probes that drafts became good (the average needs a few hits).
+      verify_cost: what a speculative round costs in plain rounds, or None for the built-in estimate
+        (`estimated_verify_cost`: measured on XLA:CPU; on accelerators it is small and the floor rules).
     """
 
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
     probe_every: int = 16
+    verify_cost: float | None = None
 
     def threshold(self, k: int) -> float:
-        """The average a row needs to want a speculative round: capped at 3/4 of k, so that a short
-        draft length can still qualify."""
+        """The floor of the bar: min_expected_accept capped at 3/4 of k."""
         return min(self.min_expected_accept, 0.75 * k)
+
+    def bar(self, b: int, k: int, greedy: bool) -> float:
+        """The mean expected accepted draft tokens per live row a speculative round needs."""
+        cost = estimated_verify_cost(b, k, greedy) if self.verify_cost is None else self.verify_cost
+        return max(self.threshold(k), cost - 1.0)
+
+
+def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
+    """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
+
+    Measured on Gemma 3 270M, quiet 2-core XLA:CPU (docs/performance.md, "verify cost"): batch 1
+    1.84 (k=4) / 2.33 (k=8); batch 8 greedy 2.09 / 3.47, sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS
+    block rows the head is one float32 product whose full logits sampling also normalises. Modelled
+    as 1 + k · per-row cost. Other backends: verification is nearly free next to a step.
+    """
+    if jax.default_backend() != "cpu":
+        return 1.0 + 0.05 * k
+    if b == 1:
+        per_row = 0.2
+    elif greedy or b * (k + 1) <= MAX_CHUNKED_ROWS:
+        per_row = 0.3
+    else:
+        per_row = 0.9
+    return 1.0 + per_row * k
 
 
 @struct.dataclass(kw_only=True)
@@ -188,9 +224,12 @@ def check_draft(draft, drafter, b: int, k: int, vocab: int) -> None:
                                   f"(batch {b}, k={k}, vocabulary {vocab})")
 
 
-def make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
+def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
               stop_tables, adapt: Adaptive | None, grammar: constrain.BatchGrammar | None = None):
-    """The while_loop body: always a speculative round without a policy, else cond(…, spec, plain).
+    """The decode loop after the prefill: `run(state) -> state` once every row is done.
+
+    Without a policy every round speculates; with one, rounds alternate between runs of plain and of
+    speculative rounds as `Adaptive` decides (`phases`).
 
     With a grammar, a chain draft is cut before its first token the grammar refuses, and the target's
     logits are masked at every block position with the state the drafts before it reach
@@ -309,16 +348,56 @@ def make_body(model, draft_params, k, drafter, sampling, temperature, static_top
             draft = draft.replace(len_b=len_b)
         return s, draft, state_bt
 
-    def body(s: SpecState) -> SpecState:
-        if adapt is None:
-            return spec_round(*propose(s))
-        want_b = ~s.done_b & (s.accept_ema_b >= adapt.threshold(k))
-        if cheap:
-            s, draft, state_bt = propose(s)
-            want_b = want_b & (draft.len_b > 0)
-            return jax.lax.cond(jnp.any(want_b), spec_round, plain_round, s, draft, state_bt)
-        # A costly drafter runs inside the speculative branch only: XLA executes just the taken branch.
-        probe = s.plain_streak >= adapt.probe_every
-        return jax.lax.cond(jnp.any(want_b) | probe, lambda s: spec_round(*propose(s)), plain_round, s)
+    def wants(s: SpecState, has_draft_b=None):
+        """Whether the batch's mean expected accepted tokens per live row reaches the bar (`Adaptive`)."""
+        live_b = ~s.done_b
+        gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.accept_ema_b, 0.0)
+        bar = adapt.bar(s.done_b.shape[0], k, sampling.greedy)
+        return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
 
-    return body
+    def running(s: SpecState):
+        return ~jnp.all(s.done_b)
+
+    def phases(chosen, plain_fn, spec_fn, carry):
+        """Plain rounds while the batch does not speculate, then speculative rounds while it does.
+
+        Two inner while loops instead of `lax.cond(chosen, spec, plain)` per round: a conditional's
+        operands include the KV cache, and XLA:CPU copied all of it into and out of the conditional
+        every round (36 buffers, ~20 ms a round at batch 8). A while loop updates its carry in place.
+        """
+        carry = jax.lax.while_loop(lambda c: running(c[0]) & ~chosen(c), plain_fn, carry)
+        return jax.lax.while_loop(lambda c: running(c[0]) & chosen(c), spec_fn, carry)
+
+    def run(s: SpecState) -> SpecState:
+        if adapt is None:
+            return jax.lax.while_loop(running, lambda s: spec_round(*propose(s)), s)
+        if cheap:
+            # The carry holds the next round's draft (a cheap drafter proposes every round): the loop
+            # conditions decide from it, and a plain round's shadow follows it.
+            def chosen(c):
+                return wants(c[0], c[1].len_b > 0)
+
+            def plain_fn(c):
+                return propose(plain_round(*c))
+
+            def spec_fn(c):
+                return propose(spec_round(*c))
+
+            carry = jax.lax.while_loop(lambda c: running(c[0]), lambda c: phases(chosen, plain_fn, spec_fn, c),
+                                       propose(s))
+            return carry[0]
+
+        # A costly drafter runs in speculative rounds only (and probes after probe_every plain rounds).
+        def chosen_costly(c):
+            return wants(c[0]) | (c[0].plain_streak >= adapt.probe_every)
+
+        def plain_costly(c):
+            return (plain_round(c[0]),)
+
+        def spec_costly(c):
+            return (spec_round(*propose(c[0])),)
+
+        return jax.lax.while_loop(lambda c: running(c[0]),
+                                  lambda c: phases(chosen_costly, plain_costly, spec_costly, c), (s,))[0]
+
+    return run

@@ -36,7 +36,7 @@ from specjax.decode import stops as stops_lib
 from specjax.decode.drafters import Drafter, Prefill
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
-from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_body
+from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_loop
 from specjax.models.kv_cache import KVCache
 from specjax.models.sharding import LOGICAL_RULES
 
@@ -72,7 +72,7 @@ def speculative_program(
 
     Arguments are those of `loop.generate_program` (the rows' grammars `grammar` included: chain
     drafts are cut at their first refused token and every block position is masked, see
-    `spec_rounds.make_body`), plus the drafter's weights `draft_params` (any pytree, () for none),
+    `spec_rounds.make_loop`), plus the drafter's weights `draft_params` (any pytree, () for none),
     the static draft length k (>= 1) and drafter, and the static adaptive policy (None: every
     round speculates; see `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's
     last round may write drafted positions up to k past its final token (written, never committed).
@@ -109,8 +109,8 @@ def speculative_program(
         plain_rounds_b=jnp.zeros((b,), jnp.int32),
         drafted_bk=jnp.zeros((b, k), jnp.int32),
         accepted_bk=jnp.zeros((b, k), jnp.int32),
-        # At the threshold: a row's first draft is tried once, then the evidence decides.
-        accept_ema_b=jnp.full((b,), 0.0 if adapt is None else min(adapt.min_expected_accept, k), jnp.float32),
+        # At the bar: a row's first draft is tried once, then the evidence decides.
+        accept_ema_b=jnp.full((b,), 0.0 if adapt is None else adapt.bar(b, k, sampling.greedy), jnp.float32),
         plain_streak=jnp.zeros((), jnp.int32),
         draft_tokens_b=jnp.zeros((b,), jnp.int32),
         shadow_bk=jnp.zeros((b, k), jnp.int32),
@@ -126,12 +126,9 @@ def speculative_program(
     state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables, grammar)
     static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
 
-    def cond(s: SpecState):
-        return ~jnp.all(s.done_b)
-
-    body = make_body(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
-                     stop_tables, adapt, grammar)
-    return jax.lax.while_loop(cond, body, state)
+    run = make_loop(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
+                    stop_tables, adapt, grammar)
+    return run(state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +141,10 @@ class SpecConfig:
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
         (`spec_rounds.py`); False speculates every round.
-      min_expected_accept, ema_weight, probe_every: the adaptive policy (`spec_rounds.Adaptive`);
-        probe_every (costly drafters only: layer skip, draft model, Medusa, EAGLE) is how many
-        consecutive plain rounds pass before a speculative probe round re-measures the drafts.
+      min_expected_accept, ema_weight, probe_every, verify_cost: the adaptive policy
+        (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft model, Medusa,
+        EAGLE) is how many consecutive plain rounds pass before a speculative probe round re-measures
+        the drafts; verify_cost (None: estimated) is a speculative round's cost in plain rounds.
       method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
         or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
         `spec_methods.build_drafter`.
@@ -167,6 +165,7 @@ class SpecConfig:
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
     probe_every: int = Adaptive.probe_every
+    verify_cost: float | None = None
     method: str = "ngram"
     layers: int | tuple[int, ...] = 4
     draft_model: str | None = None
@@ -186,6 +185,9 @@ class SpecConfig:
             raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
         if not isinstance(self.probe_every, int) or isinstance(self.probe_every, bool) or self.probe_every < 1:
             raise GenerationError(f"probe_every must be a positive integer, got {self.probe_every!r}")
+        if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
+            raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
+                                  f"got {self.verify_cost!r}")
         from specjax.decode.spec_methods import check_spec
 
         check_spec(self)  # the drafter options
@@ -194,7 +196,8 @@ class SpecConfig:
         """The static adaptive policy, or None when every round speculates."""
         if not self.adaptive:
             return None
-        return Adaptive(float(self.min_expected_accept), float(self.ema_weight), self.probe_every)
+        cost = None if self.verify_cost is None else float(self.verify_cost)
+        return Adaptive(float(self.min_expected_accept), float(self.ema_weight), self.probe_every, cost)
 
 
 @dataclasses.dataclass

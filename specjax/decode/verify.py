@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.decode import tree as tree_lib
-from specjax.decode.sampling import filter_logits
+from specjax.decode.sampling import filter_logits, sample_weights
 
 
 def _accepted_prefix(ok_bk: jax.Array) -> jax.Array:
@@ -95,27 +95,34 @@ def sampling_verify(
     b, t, v = target_logits_btv.shape
     k = t - 1
     p_btv = target_probs(target_logits_btv, temperature, top_k, top_p)
-    q_bkv = jax.nn.one_hot(draft_bk, v, dtype=p_btv.dtype) if q_probs_bkv is None else q_probs_bkv
     p_x_bk = jnp.take_along_axis(p_btv[:, :k], draft_bk[..., None], axis=-1)[..., 0]
-    q_x_bk = jnp.take_along_axis(q_bkv, draft_bk[..., None], axis=-1)[..., 0]
+    q_x_bk = (jnp.ones_like(p_x_bk) if q_probs_bkv is None
+              else jnp.take_along_axis(q_probs_bkv, draft_bk[..., None], axis=-1)[..., 0])
     key_u, key_c = jax.random.split(key)
     u_bk = jax.random.uniform(key_u, (b, k))
     # u < min(1, p/q) written without the division (q may be 0 at placeholder positions).
     drafted_bk = jnp.arange(k)[None, :] < draft_len_b[:, None]
     accepted_b = _accepted_prefix(drafted_bk & (u_bk * q_x_bk < p_x_bk))
 
-    # A candidate replacement at every position, then pick the one at the first rejection:
-    # computing all k+1 is cheaper than a data-dependent gather of one distribution per row.
-    resid_bkv = jnp.maximum(p_btv[:, :k] - q_bkv, 0.0)
-    dist_bkv = jnp.where(drafted_bk[..., None], resid_bkv, p_btv[:, :k])
-    dist_btv = jnp.concatenate([dist_bkv, p_btv[:, k:]], axis=1)
+    # One replacement per row, at its first rejection (j < len: the residual; with a point-mass q that
+    # is p with the draft token removed) or past its draft (p itself; j = k is the bonus). Only that
+    # row of the vocabulary is touched: B rows, not B·(k+1).
+    j_b = accepted_b
+    p_bv = jnp.take_along_axis(p_btv, j_b[:, None, None], axis=1)[:, 0]
+    rejected_b1 = (j_b < draft_len_b)[:, None]
+    j_draft_b = jnp.minimum(j_b, k - 1)
+    if q_probs_bkv is None:
+        x_b = jnp.take_along_axis(draft_bk, j_draft_b[:, None], axis=1)
+        resid_bv = jnp.where(jnp.arange(v)[None, :] == x_b, 0.0, p_bv)
+    else:
+        resid_bv = jnp.maximum(p_bv - jnp.take_along_axis(q_probs_bkv, j_draft_b[:, None, None], axis=1)[:, 0], 0.0)
+    dist_bv = jnp.where(rejected_b1, resid_bv, p_bv)
     # The residual is empty only when p == q, where rejection has probability zero; falling
     # back to p there only guards against rounding.
-    empty_bt1 = jnp.sum(dist_btv, axis=-1, keepdims=True) <= 0
-    dist_btv = jnp.where(empty_bt1, p_btv, dist_btv)
-    replace_bt = jax.random.categorical(key_c, jnp.log(dist_btv), axis=-1).astype(jnp.int32)
+    dist_bv = jnp.where(jnp.sum(dist_bv, axis=-1, keepdims=True) <= 0, p_bv, dist_bv)
+    replace_b = sample_weights(key_c, dist_bv)
     draft_bt = jnp.pad(draft_bk, ((0, 0), (0, 1)))
-    tokens_bt = jnp.where(jnp.arange(t)[None, :] < accepted_b[:, None], draft_bt, replace_bt)
+    tokens_bt = jnp.where(jnp.arange(t)[None, :] < accepted_b[:, None], draft_bt, replace_b[:, None])
     return accepted_b, tokens_bt
 
 
@@ -211,7 +218,7 @@ def tree_sampling_verify(
     # The residual is empty only when it had probability zero of being reached; p guards rounding.
     p_cur_bv = jnp.take_along_axis(p_btv, (cur_b + 1)[:, None, None], axis=1)[:, 0]
     final_bv = jnp.where(jnp.sum(final_bv, axis=-1, keepdims=True) <= 0, p_cur_bv, final_bv)
-    last_b = jax.random.categorical(key_c, jnp.log(final_bv), axis=-1).astype(jnp.int32)
+    last_b = sample_weights(key_c, final_bv)
     path_tok_bk = jnp.take_along_axis(draft_bk, jnp.maximum(path_bk, 0), axis=1)
     tokens_bt = jnp.where(jnp.arange(t)[None, :] < accepted_b[:, None], jnp.pad(path_tok_bk, ((0, 0), (0, 1))),
                           last_b[:, None])

@@ -15,6 +15,7 @@ from test_speculative import PROMPTS, EchoDrafter, K
 from specjax.decode.drafters import Draft, NgramDrafter, is_cheap
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.layer_skip import LayerSkipDrafter
+from specjax.decode.spec_rounds import estimated_verify_cost
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator, speculative_program
 from specjax.models.transformer import Transformer
 
@@ -113,3 +114,55 @@ def test_layer_skip_adaptive_greedy_equals_plain_greedy(tiny_model, batch_size):
     assert [(o.tokens, o.finish_reason) for o in out] == [(r.tokens, r.finish_reason) for r in ref]
     assert 0 < stats.plain_rate < 1 and stats.draft_rate > 0, stats.line()
     assert eos not in [t for o in out for t in o.tokens]
+
+
+class OracleDrafter(NgramDrafter):
+    """A cheap drafter that knows plain greedy's output: rows < `good` draft it exactly, the others
+    draft the pad id (never generated, so never accepted)."""
+
+    def __init__(self, reference: tuple[tuple[int, ...], ...], good: int):
+        super().__init__()
+        object.__setattr__(self, "reference", reference)
+        object.__setattr__(self, "good", good)
+
+    def __hash__(self):
+        return hash((self.reference, self.good))
+
+    def __eq__(self, other):
+        return isinstance(other, OracleDrafter) and (self.reference, self.good) == (other.reference, other.good)
+
+    def propose(self, model, draft_params, state, k):
+        ref_bn = jnp.asarray([list(r) + [0] * k for r in self.reference], jnp.int32)
+        idx_bk = jnp.minimum(state.count_b[:, None] + jnp.arange(k)[None, :], ref_bn.shape[1] - 1)
+        good_b1 = (jnp.arange(ref_bn.shape[0]) < self.good)[:, None]
+        tokens_bk = jnp.where(good_b1, jnp.take_along_axis(ref_bn, idx_bk, axis=1), 0)
+        return Draft(tokens_bk=tokens_bk, len_b=jnp.full((ref_bn.shape[0],), k, jnp.int32)), state.draft_state
+
+
+def test_adaptive_bar_weighs_the_whole_batch():
+    policy = SpecConfig(k=8).policy()
+    assert policy.bar(1, 8, True) == 2.0  # batch 1: the floor (CPU estimate 1 + 8 * 0.2 - 1 = 1.6 is below)
+    assert policy.bar(8, 8, False) == pytest.approx(estimated_verify_cost(8, 8, False) - 1)
+    assert policy.bar(8, 8, False) > 2.0  # on CPU: 72 sampled block rows cost ~8 plain rounds
+    assert SpecConfig(k=8, verify_cost=4.5).policy().bar(8, 8, False) == 3.5
+    assert SpecConfig(k=2, verify_cost=1.0).policy().bar(4, 2, True) == 1.5  # floor capped at 0.75 k
+    with pytest.raises(GenerationError, match="verify_cost must be >= 1"):
+        SpecConfig(verify_cost=0.9)
+
+
+@pytest.mark.parametrize(("good", "speculates"), [(1, False), (3, True)])
+def test_one_good_row_does_not_drag_the_batch_into_speculation(tiny_model, good, speculates):
+    """Batch 4, k=4, greedy, verify cost 2 plain rounds (bar = the floor, 2 accepted tokens per live
+    row): one row with perfect drafts brings a mean of 1 and the batch goes plain; three bring 3."""
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
+    assert all(0 not in r.tokens for r in ref)
+    drafter = OracleDrafter(tuple(tuple(r.tokens) for r in ref), good)
+    out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter).generate(
+        PROMPTS, cfg, SpecConfig(k=K, verify_cost=2.0))
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    spec_row_rounds = round(stats.rounds * (1 - stats.plain_rate))  # speculative rounds x their live rows
+    if speculates:  # the good rows finish in 3 rounds of 5 tokens, all speculative (then the bad row goes plain)
+        assert spec_row_rounds >= 3 * 4, stats.line()
+    else:  # only the first round (every average starts at the bar) speculates
+        assert spec_row_rounds == 4, stats.line()

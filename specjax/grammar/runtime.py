@@ -93,12 +93,15 @@ def _walk_bytes(trans_sb: jax.Array, state_b: jax.Array, bytes_bl: jax.Array, le
     pad = -bytes_bl.shape[1] % _UNROLL
     bytes_bl = jnp.pad(bytes_bl, ((0, 0), (0, pad)))  # padding bytes lie past every row's length
     n_bytes = jnp.max(length_b, initial=0)
+    # A 1-D take at state * 256 + byte: XLA:CPU runs it several times faster than the [S, 256] 2-D gather
+    # for batched rows (int32 is enough: state * 256 < 2^31 while the table is under 8 GB).
+    trans_f = trans_sb.reshape(-1)
 
     def body(carry):
         i, s_b = carry
         for k in range(_UNROLL):
             byte_b = jax.lax.dynamic_index_in_dim(bytes_bl, i + k, axis=1, keepdims=False)
-            s_b = jnp.where(i + k < length_b, trans_sb[s_b, byte_b], s_b)
+            s_b = jnp.where(i + k < length_b, jnp.take(trans_f, s_b * 256 + byte_b, mode="clip"), s_b)
         return i + _UNROLL, s_b
 
     return jax.lax.while_loop(lambda carry: carry[0] < n_bytes, body, (jnp.int32(0), state_b))[1]

@@ -4,12 +4,18 @@ Per grammar (generic JSON, the product JSON Schema, SQL subset and arithmetic of
 ../shared/bench/grammar_peers.py, lark's own python.lark, and a fixed sample of JSONSchemaBench schemas):
 
 * compile time: cold (disk cache off) and from the disk cache, p50 / p95 over repetitions and schemas;
-* per-token mask + advance: specjax runs a jitted `lax.scan` over a real token path whose every step
-  gathers the state's packed mask row (the same [ceil(V/32)] uint32 bitmask peers fill), checks the path's
-  token against it and advances the state; the path's time / its length is one per-path mean. Percentiles
-  are over per-path means (several sampled paths per grammar, one per schema), each the median of a few
-  calls. Peers (xgrammar, llguidance) are timed per token on the host with their own matchers along the
-  same paths (fill bitmask + accept token, as grammar_peers.py does);
+* per-token mask + advance: specjax runs a jitted loop over a real token path whose every step gathers the
+  state's packed mask row (the same [ceil(V/32)] uint32 bitmask peers fill), checks the path's token against
+  it, folds the row into a checksum (the row is read, not stored) and advances the state. The loop cycles
+  through the path; the per-step cost is the slope between a ~256-step and a ~4096-step call (medians of a
+  few interleaved calls each, whole passes over the path), so each call's fixed dispatch cost cancels and
+  every step counted is a step run. That is one per-path mean µs/token; the specjax p50 / p99 are over
+  these per-path means (several sampled paths per grammar, one per JSONSchemaBench schema; with few paths
+  p99 is about the worst path). It is not a per-token tail: within a path, tokens differ only in their
+  byte count (the advance loop's trip count) and the row they read. Warm caches: a decode step would read
+  the row after the model's forward pass, so colder. Peers (xgrammar, llguidance) are timed per token on
+  the host with their own matchers along the same paths (fill bitmask + accept token, as grammar_peers.py
+  does); their p50 / p99 are over per-path means and over every token;
 * applying the mask in-graph: masked argmax over [1, V] float32 logits vs the plain argmax (µs/token);
 * table memory: grammar tables (transitions, acceptance, mask rows) and the vocabulary tables shared by all
   grammars of a tokenizer.
@@ -100,37 +106,52 @@ def workloads(n_schemas: int, n_paths: int, tokenizer):
 
 # ------------------------------------------------------------------------------------------- specjax
 @jax.jit
-def _walk(tables, ids_n, n, initial):
-    """Along a path: gather each state's mask row, test the token, advance. Returns (ok, rows)."""
+def _walk(tables, ids_n, n, initial, steps):
+    """`steps` mask + advance steps cycling through the path ids_n[:n] (the state restarts at `initial` at
+    each pass). Each step gathers the state's packed [ceil(V/32)] mask row, tests the token's bit and folds the
+    whole row into a checksum (so the row is really read every step without writing it out: a decode step
+    reads it into the logits select, it does not store it), then advances. Returns (all tokens allowed,
+    checksum)."""
     from specjax.grammar.runtime import advance
 
-    def step(carry, i):
-        s_b, ok = carry
-        tok = ids_n[i]
+    def step(i, carry):
+        s_b, ok, sum_w = carry
+        j = i % n
+        s_b = jnp.where(j == 0, initial, s_b)
+        tok = ids_n[j]
         row_w = tables.mask_rw[tables.row_s[s_b[0]]]
-        live = i < n
-        ok = ok & (~live | (((row_w[tok // 32] >> (tok % 32).astype(jnp.uint32)) & 1) == 1))
-        s_b = jnp.where(live, advance(tables, s_b, tok[None]), s_b)
-        return (s_b, ok), row_w
+        ok = ok & (((row_w[tok // 32] >> (tok % 32).astype(jnp.uint32)) & 1) == 1)
+        return advance(tables, s_b, tok[None]), ok, sum_w + jnp.sum(row_w)
 
-    (s_b, ok), rows = jax.lax.scan(step, (initial[None], jnp.bool_(True)), jnp.arange(ids_n.shape[0]))
-    return ok, rows
+    _, ok, sum_w = jax.lax.fori_loop(0, steps, step, (initial[None], jnp.bool_(True), jnp.uint32(0)))
+    return ok, sum_w
 
 
-def time_path(tables, ids, reps: int = 5) -> list[float]:
-    """µs per token along one path: each of reps calls' time / path length."""
-    n_pad = 1 << max(4, (len(ids) - 1).bit_length())
-    ids_n = jnp.asarray(np.pad(np.asarray(ids, np.int32), (0, n_pad - len(ids))))
-    args = (tables, ids_n, jnp.int32(len(ids)), jnp.int32(tables.initial_state))
-    ok, _ = jax.block_until_ready(_walk(*args))
+def time_path(tables, ids, reps: int = 5, steps: tuple[int, int] = (256, 4096)) -> list[float]:
+    """[µs per mask + advance step] along one path: the slope between two loop lengths.
+
+    One jitted call runs whole passes over the path: about steps[0] and about steps[1] steps (rounded up to
+    whole passes). The difference of the two lengths' median call times over the difference of their step
+    counts is the per-step cost with the call's fixed dispatch cost cancelled (real decoding is one jitted
+    call for the whole generation, so dispatch is not a per-token cost) and with every step counted live.
+    Returned as a one-element list (one value per path).
+    """
+    n = len(ids)
+    n_pad = 1 << max(4, (n - 1).bit_length())  # a few padded shapes, so a few compilations per grammar
+    ids_n = jnp.asarray(np.pad(np.asarray(ids, np.int32), (0, n_pad - n)))
+    passes = (-(-steps[0] // n), max(-(-steps[0] // n) + 1, -(-steps[1] // n)))
+    args = (tables, ids_n, jnp.int32(n), jnp.int32(tables.initial_state))
+    ok, _ = jax.block_until_ready(_walk(*args, jnp.int32(n)))
     if not bool(ok):
         raise RuntimeError("a path token was refused by the specjax mask")
-    ts = []
+    ts: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(_walk(*args))
-        ts.append(time.perf_counter() - t0)
-    return [t / len(ids) * 1e6 for t in ts]
+        for times, p in zip(ts, passes, strict=True):  # interleaved: load changes hit both lengths alike
+            t0 = time.perf_counter()
+            jax.block_until_ready(_walk(*args, jnp.int32(p * n)))
+            times.append(time.perf_counter() - t0)
+    short, long = (statistics.median(t) for t in ts)
+    return [(long - short) / ((passes[1] - passes[0]) * n) * 1e6]
 
 
 def apply_cost(tables, reps: int = 50) -> tuple[float, float]:

@@ -140,3 +140,42 @@ def test_accepted_strings_parse_with_lark(text):
     state = walk(t, [ID[bytes([c])] for c in text.encode()])
     assert bool(t.accept_s[state])
     lark.Lark(grammar).parse(text)
+
+
+def _oracle_advance(tables, pieces: list[bytes], state: int, token: int) -> int:
+    """advance() spelled out in Python: EOS keeps an accepting state, specials die, text walks its bytes."""
+    trans_sb, accept_s, kind_v = (np.asarray(a) for a in (tables.trans_sb, tables.accept_s, tables.kind_v))
+    if kind_v[token] == 1:
+        return state if accept_s[state] else 0
+    if kind_v[token] == 2:
+        return 0
+    for byte in pieces[token]:
+        state = int(trans_sb[state, byte])
+    return state
+
+
+def test_advance_matches_a_python_byte_walk_on_mixed_length_tokens():
+    # Tokens of 1..13 bytes (across the loop's 4-byte unroll) over JSON's alphabet, EOS and a special,
+    # advanced in batches that mix short and long tokens and start from every state (dead included).
+    from grammar_samples import JSON_LARK
+
+    rng = np.random.default_rng(0)
+    alphabet = list(b'{}[]",: 0123456789.-eatrulfsn\\') + [0xC3, 0xA9]
+    pieces = [b"", b""] + [bytes(rng.choice(alphabet, size=n).tolist()) for n in rng.integers(1, 14, size=300)]
+    pieces += [b'{"a": ', b'"ab"', b"true", b"null", b"[1, 2, 3]", b'{"key": "value"}', b"1234567890123"]
+    tables = compile_grammar(JSON_LARK, ListTokenizer(pieces), GrammarOptions(max_depth=3, **NO_CACHE))
+    assert tables.bytes_vl.shape[1] == 16
+    jitted = jax.jit(advance)
+    for batch in (1, 7, 64):
+        state_b = rng.integers(0, tables.n_states, size=batch).astype(np.int32)
+        token_b = rng.integers(0, len(pieces), size=batch).astype(np.int32)
+        want = [_oracle_advance(tables, pieces, int(s), int(t)) for s, t in zip(state_b, token_b, strict=True)]
+        assert np.asarray(jitted(tables, jnp.asarray(state_b), jnp.asarray(token_b))).tolist() == want
+    # Along real paths (states stay alive), one row at a time and all rows in one batch.
+    ids = [pieces.index(p) for p in (b'{"a": ', b"[1, 2, 3]", b"}")]
+    assert walk(tables, ids) != 0 and bool(tables.accept_s[walk(tables, ids)])
+    states = [tables.initial_state]
+    for t in ids:
+        states.append(_oracle_advance(tables, pieces, states[-1], t))
+    got = jitted(tables, jnp.asarray(states[:-1], jnp.int32), jnp.asarray(ids, jnp.int32))
+    assert np.asarray(got).tolist() == states[1:]

@@ -149,3 +149,8 @@ def test_python_literal_overrides_agree_with_the_original_grammar():
         cases.add(rng.choice(["", "r", "b", "rb", "f"]) + (quote + body + quote if rng.random() < 0.5 else body))
     assert [s for s in sorted(cases) if ours(s) != theirs(s)] == []
     assert sum(map(ours, cases)) > 400  # the sample holds accepted literals, not only garbage
+
+
+def test_empty_start_option_is_refused():
+    with pytest.raises(GrammarError, match="start must be the name of a rule"):
+        GrammarOptions(start="")

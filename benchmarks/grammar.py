@@ -58,8 +58,11 @@ def log(msg):
 # ----------------------------------------------------------------------------------------- workloads
 def workloads(n_schemas: int, n_paths: int, tokenizer):
     """[(name, lark text, max_depth, [token paths], peer source)]; peer source for xgrammar / llguidance."""
+    import itertools
+
     import grammar_peers as gp
-    import lark
+    from python_grammar import PATH as PYTHON_LARK
+    from python_grammar import python_lark
 
     from specjax.grammar.json_schema import JsonSchemaOptions, json_schema_to_lark
     from specjax.grammar.sample import LarkSampler
@@ -67,10 +70,12 @@ def workloads(n_schemas: int, n_paths: int, tokenizer):
     flexible = JsonSchemaOptions(whitespace="flexible")
     eos = tokenizer.eos_ids[0]
 
-    def paths(text, docs, depth):
-        """The fixed document, then n_paths - 1 strings sampled from the grammar (seeded)."""
+    def paths(text, docs, depth, ascii_only=False):
+        """The fixed document, then n_paths - 1 strings sampled from the grammar (seeded); ascii_only drops
+        non-ASCII samples (the sampler draws Python's Unicode \\w, which the engine reads as ASCII)."""
         sampler = LarkSampler(text, max_depth=depth)
-        docs = list(docs) + [sampler.sample(random.Random(i)) for i in range(n_paths - 1)]
+        samples = (sampler.sample(random.Random(i)) for i in range(100 * n_paths))
+        docs = list(docs) + list(itertools.islice((s for s in samples if s.isascii() or not ascii_only), n_paths - 1))
         return [tokenizer.encode(s, add_bos=False) + [eos] for s in docs]
 
     items = [
@@ -85,8 +90,14 @@ def workloads(n_schemas: int, n_paths: int, tokenizer):
     for n, t, d, docs, peer in items:
         log(f"  paths for {n}")
         out.append((n, t, d, paths(t, docs, d), peer))
-    python_lark = (Path(lark.__file__).parent / "grammars" / "python.lark").read_text()
-    out.append(("python.lark", python_lark, 3, [], ("lark", python_lark)))
+    # lark's python.lark for expressions: start rule eval_input (selected by a `start` rule, which is what
+    # GrammarOptions(start="eval_input") does), its three lookaround terminals replaced by regular ones
+    # (tests/grammar/python_grammar.py). Peers get the unchanged file (xgrammar and llguidance refuse it).
+    python_text = python_lark() + "\nstart: eval_input\n"
+    log("  paths for python.lark (eval_input)")
+    out.append(("python.lark (eval_input, D=1)", python_text, 1,
+                paths(python_text, ["[x ** 2 for x in range(10) if x % 3]"], 1, ascii_only=True),
+                ("lark", PYTHON_LARK.read_text())))
     rows = []
     for f in sorted((SHARED / "data" / "jsonschemabench").glob("*.jsonl")):
         rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]

@@ -37,7 +37,8 @@ class GrammarOptions:
     """How a grammar is compiled.
 
     Attributes:
-      start: the start rule.
+      start: the start rule, as lark's own ``start=`` (python.lark's are ``file_input``, ``single_input`` and
+        ``eval_input``); part of the disk-cache key. A grammar without it is refused with its top-level rules named.
       max_depth: nesting bound D: a symbol may be pending at most D times (or its count in one alternative,
         if larger), i.e. D levels of each bracket kind (JSON: D nested objects and, independently, D nested
         arrays); deeper nesting is masked out. Iteration (left/right recursion) is never bounded. The
@@ -54,6 +55,8 @@ class GrammarOptions:
     eos_ids: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        if not isinstance(self.start, str) or not self.start:
+            raise GrammarError(f"start must be the name of a rule of the grammar, got {self.start!r}")
         if self.max_depth < 1:
             raise GrammarError(f"max_depth must be at least 1, got {self.max_depth}")
         if self.max_states < 2:

@@ -5,6 +5,11 @@ expands it to BNF rules; this module reads those rules and terminals, turns ever
 DFA (:mod:`specjax.grammar.terminals`), removes left recursion (so that it becomes iteration, see
 :func:`_remove_left_recursion`) and checks that the start rule derives some string.
 
+The start rule is an option, as in lark (python.lark has no ``start`` rule: its entry rules are ``file_input``,
+``single_input`` and ``eval_input``); when it is missing, the message names the grammar's top-level rules. A
+``%declare``'d terminal (a postlexer's, such as Python's ``_INDENT``/``_DEDENT``) is refused only when the start
+rule reaches it.
+
 Tree-shaping features (aliases, ``?``/``!``/``_`` prefixes, rule priorities) do not change the language
 and are ignored; terminal priorities only decide which terminal *name* a lexeme gets when several match
 it, which does not change the set of accepted strings either (see docs/grammar.md).
@@ -13,6 +18,7 @@ it, which does not change the set of accepted strings either (see docs/grammar.m
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 
 import lark
@@ -57,31 +63,38 @@ class Cfg:
 def load_lark(text: str, start: str = "start") -> Cfg:
     """Loads Lark grammar text with lark and converts it to a :class:`Cfg`.
 
+    Args:
+      text: Lark grammar source.
+      start: the start rule, as lark's own ``start=`` (python.lark, for one, has no ``start`` rule: its entry
+        rules are ``file_input``, ``single_input`` and ``eval_input``).
+
     Raises:
-      GrammarError: a syntax error (with line and column), an undefined rule or terminal, a terminal that
-        is declared but never defined, an unsupported regex construct, indirect left recursion, or a start
-        rule that derives no string.
+      GrammarError: a syntax error (with line and column), an undefined rule or terminal, no such start rule
+        (naming the rules that could be the start), a ``%declare``'d terminal reachable from the start (it
+        needs a postlexer), an unsupported regex construct, indirect left recursion, or a start rule that
+        derives no string.
     """
     try:
         # lark's own loader and EBNF → BNF compiler, without building a parser (lark.Lark would also build an
-        # Earley parser and check regex collisions, minutes on large grammars that we do not need).
+        # Earley parser and check regex collisions, minutes on large grammars that we do not need). Every rule
+        # is kept (all are passed as starts), so that a missing start rule can be answered with the entry rules.
         grammar, _ = load_grammar(text, "<grammar>", None, False)
-        terminal_list, rule_list, ignore_names = grammar.compile([start], set())
+        entry_names = [str(name) for name, params, _, _ in grammar.rule_defs if not params]
+        terminal_list, rule_list, ignore_names = grammar.compile(entry_names or [start], set())
     except lark.exceptions.LarkError as e:
         raise GrammarError(f"invalid Lark grammar: {e}".rstrip()) from e
     rules: dict[str, list[tuple[str, ...]]] = {}
     for rule in rule_list:
         rules.setdefault(rule.origin.name, []).append(tuple(s.name for s in rule.expansion))
     if start not in rules:
-        raise GrammarError(f"the grammar has no rule named {start!r} (the start rule)")
+        raise GrammarError(_no_start_message(start, rules, entry_names, grammar))
     term_defs = {t.name: t for t in terminal_list}
     used = _reachable(rules, start)
     term_names = sorted({s for n in used for alt in rules[n] for s in alt if s not in rules}
                         | set(ignore_names))
     if missing := [t for t in term_names if t not in term_defs]:
-        raise GrammarError(f"terminal {missing[0]} is used but has no definition (a %declare'd terminal "
-                           "needs a postlexer, e.g. Python's _INDENT/_DEDENT, which a regular automaton cannot model)")
-    terminals = tuple(terminal_dfa(name, term_defs[name].pattern) for name in term_names)
+        raise GrammarError(_postlexer_message(missing, start, rules, entry_names))
+    terminals = tuple(_terminal(name, term_defs[name].pattern, start, rules) for name in term_names)
     rules = {n: rules[n] for n in used}
     rules = _merge_optional_repeats(_remove_left_recursion(rules))
     productive = _productive(rules, set(term_names))
@@ -102,6 +115,68 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     return Cfg(rule_names=tuple(names), start=0, alts=alts, terminal_names=tuple(term_names),
                terminals=terminals, ignore=tuple(term_id[t] for t in ignore_names),
                nullable=tuple(n in nullable for n in names))
+
+
+def _terminal(name: str, pattern, start: str, rules: dict[str, list[tuple[str, ...]]]) -> ByteDFA:
+    """:func:`terminal_dfa`; a refusal also says where the terminal is used and how to replace it."""
+    try:
+        return terminal_dfa(name, pattern)
+    except GrammarError as e:
+        users = sorted({_owner(n) for n in _reachable(rules, start) for alt in rules[n] if name in alt})
+        used = f"used by rule{'s' if len(users) > 1 else ''} {', '.join(users)}" if users else "%ignore'd"
+        raise GrammarError(f"{e} ({name} is {used}, reachable from start rule {start!r}; lark's "
+                           f"'%override {name}: ...' at the end of the grammar replaces its definition)") from None
+
+
+_OPTION = "GrammarOptions(start=...), or grammar_start=... on the command line"
+
+
+def _owner(name: str) -> str:
+    """The user rule a lark helper rule was made for (``__atom_star_3`` → ``atom``); other names unchanged."""
+    return m[1] if (m := re.fullmatch(r"__(.+)_[a-z]+_[0-9]+", name)) else name
+
+
+def _entry_rules(rules: dict[str, list[tuple[str, ...]]], names: list[str]) -> list[str]:
+    """The grammar's top-level rules, the likely start rules: among ``names`` (in order), one rule per group of
+    mutually recursive rules that no rule outside the group uses (``expr`` with ``term: "(" expr ")"``)."""
+    edges: dict[str, set[str]] = {}
+    for n, alts in rules.items():
+        edges.setdefault(_owner(n), set()).update(_owner(s) for alt in alts for s in alt if s in rules)
+    graph = {n: [tuple(sorted(to))] for n, to in edges.items()}  # _reachable's shape: one "alternative"
+    reach = {n: set(_reachable(graph, n)) for n in graph}
+    out: list[str] = []
+    for n in (n for n in names if n in graph):
+        top = all(m in reach[n] for m in graph if n in reach[m])  # whoever reaches n is in n's recursion
+        if top and not any(n in reach[m] for m in out):  # one rule per recursive group
+            out.append(n)
+    return out
+
+
+def _no_start_message(start: str, rules: dict[str, list[tuple[str, ...]]], names: list[str], grammar) -> str:
+    templates = {str(n) for n, params, _, _ in grammar.rule_defs if params}
+    if start in templates:
+        problem = f"start rule {start!r} is a template (a rule with parameters), which cannot be the start"
+    else:
+        problem = f"the grammar has no rule named {start!r} (the start rule)"
+        if close := difflib.get_close_matches(start, [n for n in names if n in rules], n=1, cutoff=0.8):
+            problem += f" (did you mean {close[0]!r}?)"
+    entries = _entry_rules(rules, names)
+    where = f"top-level rules (used by no rule outside their own recursion): {', '.join(entries) or '(none)'}"
+    return f"{problem}; {where} — pass the start rule as {_OPTION}"
+
+
+def _postlexer_message(missing: list[str], start: str, rules: dict[str, list[tuple[str, ...]]],
+                       names: list[str]) -> str:
+    """Names %declare'd terminals reachable from the start, the rules using them and the starts that avoid them."""
+    plural = len(missing) > 1
+    users = sorted({_owner(n) for n in _reachable(rules, start) for alt in rules[n] if set(alt) & set(missing)})
+    others = [n for n in _entry_rules(rules, names) if n != start
+              and not {s for r in _reachable(rules, n) for alt in rules[r] for s in alt} & set(missing)]
+    hint = f"; start rules that do not reach them: {', '.join(others)} ({_OPTION})" if others else ""
+    return (f"terminal{'s' * plural} {', '.join(missing)} (used by rule{'s' * (len(users) > 1)} {', '.join(users)})"
+            f" {'are' if plural else 'is'} %declare'd without a definition and reachable from start rule {start!r}:"
+            " such terminals come from a postlexer (e.g. lark's Indenter, which turns Python's indentation into"
+            f" _INDENT/_DEDENT), and a finite automaton over bytes cannot count indentation{hint}")
 
 
 def _reachable(rules: dict[str, list[tuple[str, ...]]], start: str) -> list[str]:

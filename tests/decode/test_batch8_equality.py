@@ -11,6 +11,8 @@ Two models (see test_head_drafters):
 Greedy speculative output must equal plain greedy output (`greedy_parity.greedy_divergences`).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from greedy_parity import greedy_divergences, run_speculative, truncate_at
@@ -101,3 +103,29 @@ def test_random_model_batch8_ragged_eos(tiny_model, random_plain, which):
                           GenerateConfig(max_new_tokens=12, batch_size=8), SpecConfig(k=k), eos_ids=tuple(sorted(eos)))
     ids = [TOK.encode(p) for p in RANDOM8]
     assert greedy_divergences(tiny_model, ids, want, run.completions, f"random {which}") == []
+
+
+def test_near_tie_rule_tolerates_only_top2_swaps_below_epsilon(tiny_model, random_plain):
+    # The rule itself: a fabricated divergence at row 2, token 3 of the random model's plain output.
+    from greedy_parity import Divergence, top2
+
+    ids = [TOK.encode(p) for p in RANDOM8]
+    plain = random_plain
+    prefix = plain[2].tokens[:3]
+    (first, second), margin = top2(tiny_model, ids[2] + prefix)
+    assert first == plain[2].tokens[3] and margin > 0
+    other = next(t for t in range(3, 64) if t not in (first, second))
+
+    def spec_with(token):
+        row = dataclasses.replace(plain[2], tokens=[*prefix, token])
+        return [*plain[:2], row, *plain[3:]]
+
+    found = greedy_divergences(tiny_model, ids, plain, spec_with(second), "fabricated", eps=margin * 1.01)
+    assert found == [Divergence(2, 3, pytest.approx(margin), first, second)]
+    with pytest.raises(AssertionError, match="a real divergence"):
+        greedy_divergences(tiny_model, ids, plain, spec_with(second), "fabricated", eps=margin * 0.99)
+    with pytest.raises(AssertionError, match="outside the top two"):
+        greedy_divergences(tiny_model, ids, plain, spec_with(other), "fabricated", eps=margin * 1.01)
+    stopped = [*plain[:2], dataclasses.replace(plain[2], tokens=prefix, finish_reason="eos"), *plain[3:]]
+    with pytest.raises(AssertionError, match="a real divergence"):  # an early stop is a divergence too
+        greedy_divergences(tiny_model, ids, plain, stopped, "fabricated", eps=margin * 0.99)

@@ -9,7 +9,9 @@ accepted, inside an accepted block (`greedy_parity.run_speculative`'s `discarded
 rule and its epsilon are `greedy_parity.NEAR_TIE`; every run prints its count of tolerated
 divergences.
 
-Slow (one target compile per drafter); the n-gram case alone stays in the default suite.
+All slow: the n-gram case alone takes ~55 s on 2 shared cores (plain reference ~35 s with the model
+load, speculative run ~20 s), over the default suite's budget; test_speculative_real (batch 2) and
+test_batch8_equality (tiny models, every drafter at batch 8) stay in the default suite.
 """
 
 import json
@@ -33,7 +35,7 @@ from specjax.models.draft_vocab import DraftVocab
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prompts"
 PROMPT_IDS = [  # (file, id): tokens with the chat template
@@ -107,13 +109,12 @@ def _build(which: str, model, tokenizer):
     return *EagleDrafter.build(head, model, vocab, depth=4, top_k=4), 10
 
 
-# Drafters whose drafts the target accepts on these prompts: their EOS rows must stop inside a block.
+# Drafters whose drafts the target accepts on these prompts (tau 3.1 and 2.3; the 2-layer draft model
+# and random heads stay at ~1): their EOS rows must stop inside an accepted block.
 ACCEPTING = {"ngram", "layerskip"}
-SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("which", ["ngram", *(pytest.param(w, marks=SLOW) for w in
-                                               ["layerskip", "draft", "medusa", "eagle", "eagle_vocab"])])
+@pytest.mark.parametrize("which", ["ngram", "layerskip", "draft", "medusa", "eagle", "eagle_vocab"])
 def test_batch8_greedy_equals_plain_with_eos_inside_blocks(real_model, real_tokenizer, reference, which):
     ids, want, eos_ids = reference
     drafter, params, k = _build(which, real_model, real_tokenizer)

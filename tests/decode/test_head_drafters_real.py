@@ -1,6 +1,6 @@
 """Medusa and EAGLE drafters with untrained (random) heads on the real Gemma 3 270M: greedy output
-must equal plain greedy output token for token (τ stays near 1 — this is a correctness check; the
-training issue produces heads that are worth running)."""
+must equal plain greedy output token for token up to near ties (`greedy_parity`). τ stays near 1 —
+this is a correctness check; the training issue produces heads that are worth running."""
 
 import json
 from pathlib import Path
@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from greedy_parity import greedy_divergences
 
 from specjax.decode.eagle_drafter import EagleDrafter
 from specjax.decode.generate import GenerateConfig, Generator
@@ -38,8 +39,7 @@ def plain_out(real_model, real_tokenizer):
 def _check(model, tok, drafter, params, k, plain_out):
     out, stats = SpeculativeGenerator(model, tok, drafter=drafter, draft_params=params).generate(
         PROMPTS, CFG, SpecConfig(k=k, adaptive=False))
-    for a, b in zip(plain_out, out, strict=True):
-        assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+    greedy_divergences(model, [tok.encode(p) for p in PROMPTS], plain_out, out, type(drafter).__name__)
     print(type(drafter).__name__, stats.line())
     return stats
 

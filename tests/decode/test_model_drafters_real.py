@@ -1,13 +1,13 @@
 """Greedy speculative decoding with model drafters equals plain greedy on the real Gemma 3 270M.
 
 Batch 4 with ragged prompts. A (k+1)-row verification forward is not bit-identical to one-row plain
-steps, so a divergence is tolerated only at a position where plain greedy's top-2 logit margin is
-below NEAR_TIE (and counted); any other divergence fails.
+steps, so a divergence is tolerated only at a near tie of plain greedy (`greedy_parity`, which counts
+them); any other divergence fails.
 """
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from greedy_parity import greedy_divergences
 
 from specjax.decode.draft_model import DraftModelDrafter, slice_model
 from specjax.decode.generate import GenerateConfig, Generator
@@ -17,7 +17,6 @@ from specjax.models.draft_vocab import DraftVocab
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-NEAR_TIE = 0.01  # logits; float32 reassociation moves logits by ~1e-5 relative (|logit| < ~40)
 PROMPTS = [
     "Repeat this list exactly: apples, pears, plums, cherries, figs, dates.\nRepeat this list exactly:",
     "The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",
@@ -27,23 +26,8 @@ PROMPTS = [
 CFG = GenerateConfig(max_new_tokens=32, batch_size=4)
 
 
-def margin(model, ids):
-    x = jnp.asarray([ids])
-    logits = np.sort(np.asarray(model.logits(model(x, jnp.arange(len(ids))[None])[0][:, -1:])[0, 0]))
-    return float(logits[-1] - logits[-2])
-
-
-def check_parity(model, tok, ref, out):
-    ties = 0
-    for prompt, r, o in zip(PROMPTS, ref, out, strict=True):
-        first = next((i for i, (a, b) in enumerate(zip(o.tokens, r.tokens, strict=False)) if a != b), None)
-        if first is None:
-            assert o.tokens == r.tokens and o.finish_reason == r.finish_reason
-            continue
-        m = margin(model, tok.encode(prompt) + r.tokens[:first])
-        assert m < NEAR_TIE, f"divergence at token {first} of {prompt!r} with top-2 margin {m:.4f}"
-        ties += 1
-    return ties
+def check_parity(model, tok, ref, out, label):
+    return len(greedy_divergences(model, [tok.encode(p) for p in PROMPTS], ref, out, label))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +42,7 @@ def test_layer_skip_greedy_equals_plain(real_model, real_tokenizer, reference):
     gen = SpeculativeGenerator(real_model, real_tokenizer, LayerSkipDrafter.early_exit(15), vocab.head(
         real_model.embed[...], real_model.cfg.final_logit_softcap))
     out, stats = gen.generate(PROMPTS, CFG, SpecConfig(k=4, adaptive=False))
-    ties = check_parity(real_model, real_tokenizer, reference, out)
+    ties = check_parity(real_model, real_tokenizer, reference, out, "layer skip")
     print(f"layer skip: {ties} near-tie divergences; {stats.line()}")
     assert stats.tau > 1.3, stats.line()
 
@@ -67,5 +51,5 @@ def test_sliced_draft_model_greedy_equals_plain(real_model, real_tokenizer, refe
     drafter, params = DraftModelDrafter.create(slice_model(real_model, (0, 1)), real_model)
     out, stats = SpeculativeGenerator(real_model, real_tokenizer, drafter, params).generate(
         PROMPTS, CFG, SpecConfig(k=3))
-    ties = check_parity(real_model, real_tokenizer, reference, out)
+    ties = check_parity(real_model, real_tokenizer, reference, out, "draft model")
     print(f"draft model: {ties} near-tie divergences; {stats.line()}")

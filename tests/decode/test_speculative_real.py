@@ -1,6 +1,10 @@
-"""Greedy speculative decoding equals plain greedy on the real Gemma 3 270M."""
+"""Greedy speculative decoding equals plain greedy on the real Gemma 3 270M (up to near ties: `greedy_parity`).
+
+Batch 8 with ragged prompts, EOS inside accepted blocks and every drafter: test_batch8_equality_real.
+"""
 
 import pytest
+from greedy_parity import greedy_divergences
 
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
@@ -18,6 +22,5 @@ def test_ngram_speculative_greedy_equals_plain_greedy_batch2(real_model, real_to
     cfg = GenerateConfig(max_new_tokens=48, batch_size=2)
     plain, _ = Generator(real_model, real_tokenizer).generate(PROMPTS, cfg)
     spec, stats = SpeculativeGenerator(real_model, real_tokenizer).generate(PROMPTS, cfg, SpecConfig(k=4))
-    for a, b in zip(plain, spec, strict=True):
-        assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+    greedy_divergences(real_model, [real_tokenizer.encode(p) for p in PROMPTS], plain, spec, "n-gram batch 2")
     assert stats.tau > 1.2  # the repeated list is drafted and accepted

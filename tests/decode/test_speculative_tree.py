@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ByteTokenizer
+from greedy_parity import greedy_divergences
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, bigram_model, oracle
 
 from specjax.decode.drafters import Draft
@@ -163,5 +164,5 @@ def test_medusa_shaped_tree_greedy_equals_plain_greedy_on_gemma(real_model, real
     gen = SpeculativeGenerator(real_model, real_tokenizer, drafter=OracleTreeDrafter(tree),
                                draft_params=_ref_params(ref, 32))
     out, stats = gen.generate(prompts, cfg, SpecConfig(k=tree.size, adaptive=False))
-    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    greedy_divergences(real_model, [real_tokenizer.encode(p) for p in prompts], ref, out, "63-node tree")
     assert stats.tau > 2.5, stats.line()

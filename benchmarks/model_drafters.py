@@ -25,13 +25,13 @@ import functools
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from verify_cost import medians  # this folder's timing helper (run as a script)
 
 from specjax.decode.draft_chain import forward_layers, head_logits, reduced_head
 from specjax.decode.draft_model import DraftModelDrafter, slice_model
@@ -149,18 +149,11 @@ def profile(model, tok, layers, vocab: int, k: int, reps: int = 15) -> None:
     for n in layers:
         fns[f"draft step N={n}, full int8 head"] = functools.partial(draft, params, None, cache, n=n)
         fns[f"draft step N={n}, {vocab} head"] = functools.partial(draft, params, head, cache, n=n)
-    for f in fns.values():
-        jax.block_until_ready(f())
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(f())
-            times[name].append(time.perf_counter() - t0)
-    base = statistics.median(times["plain step (18 layers + int8 head)"])
+    times = medians(fns, reps)
+    base = times["plain step (18 layers + int8 head)"]
     print("| program | median ms | / plain step |\n|---|---|---|")
-    for name, ts in times.items():
-        print(f"| {name} | {statistics.median(ts) * 1e3:.1f} | {statistics.median(ts) / base:.2f}x |")
+    for name, t in times.items():
+        print(f"| {name} | {t * 1e3:.1f} | {t / base:.2f}x |")
 
 
 def main() -> None:

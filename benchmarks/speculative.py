@@ -117,6 +117,17 @@ def specjax_rows(model, tok, sets: dict[str, dict[str, str]], args) -> list[dict
     return rows
 
 
+def speed_cells(r: dict) -> str:
+    """The table cells tok/s | speedup | tau | acceptance | plain rounds of one `specjax_rows` row."""
+    return (f"{r['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | {' '.join(f'{a:.2f}' for a in r['acc'])} | "
+            f"{r['plain_rate']:.0%}")
+
+
+def same_cell(r: dict) -> str:
+    """Whether a greedy row's tokens equal plain greedy's ("—" when sampling)."""
+    return "—" if r["same"] is None else ("yes" if r["same"] else "NO")
+
+
 def peer_rows(tok, sets: dict[str, dict[str, str]], args, model, spec_best: str) -> list[dict]:
     """Batch 1, greedy: HF greedy / prompt lookup and llama.cpp greedy on the same token ids, interleaved
     with specjax plain and `spec_best` (a method setup name such as 'ngram k=8')."""
@@ -227,10 +238,8 @@ def main() -> None:
           "| set | batch | T | setup | tok/s | speedup vs plain | tau | acceptance by position | plain rounds "
           "| mean draft | ms/round | = plain greedy |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        same = "—" if r["same"] is None else ("yes" if r["same"] else "NO")
-        print(f"| {r['set']} | {r['batch']} | {r['T']:g} | {r['setup']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | "
-              f"{r['tau']:.2f} | {' '.join(f'{a:.2f}' for a in r['acc'])} | {r['plain_rate']:.0%} | "
-              f"{r['mean_draft']:.2f} | {r['ms_round']:.1f} | {same} |")
+        print(f"| {r['set']} | {r['batch']} | {r['T']:g} | {r['setup']} | {speed_cells(r)} | "
+              f"{r['mean_draft']:.2f} | {r['ms_round']:.1f} | {same_cell(r)} |")
     if args.peers:
         prow = peer_rows(tok, sets, args, model, args.peer_method)
         print(f"\nPeers, batch 1, greedy, HF torch threads {args.hf_threads}, llama.cpp n_threads "

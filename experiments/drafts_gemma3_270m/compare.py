@@ -149,9 +149,7 @@ def main() -> None:
           "| T | setup | tok/s | speedup vs plain | τ | acceptance by depth | plain rounds | = plain greedy |\n"
           "|---|---|---|---|---|---|---|---|")
     for r in rows:
-        same = "—" if r["same"] is None else ("yes" if r["same"] else "NO")
-        print(f"| {r['T']:g} | {r['setup']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | "
-              f"{' '.join(f'{a:.2f}' for a in r['acc'])} | {r['plain_rate']:.0%} | {same} |")
+        print(f"| {r['T']:g} | {r['setup']} | {bench.speed_cells(r)} | {bench.same_cell(r)} |")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 
 from specjax.decode.drafters import Draft
 from specjax.decode.generate import GenerationError
-from specjax.decode.sampling import SamplingConfig, categorical, filter_logits
+from specjax.decode.sampling import SamplingConfig, filter_logits, sample_weights
 from specjax.decode.tree import confident_length
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError, HeadTable
 from specjax.models.kv_cache import attention_masks, causal_block_mask
@@ -118,7 +118,7 @@ def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):
         # anyway, so keeping the k best kept ids (all of them when k > N) is the same filter.
         x_bn = filter_logits(logits_bn, ctx.temperature, min(ctx.sampling.top_k, n), ctx.top_p)
         q_bn = jax.nn.softmax(x_bn, axis=-1)
-        idx_b = categorical(key, x_bn)
+        idx_b = sample_weights(key, q_bn)  # q itself: no second exp over the draft vocabulary
         conf_b = jnp.max(q_bn, axis=-1)
         if ids_n is None:
             q_bv = q_bn

@@ -3,22 +3,22 @@
 A *speculative round* runs ONE target forward over [last, d_1 … d_k] for the whole batch and
 verifies the drafts. A *plain round* runs the one-token forward of `loop.generate_program`
 instead and samples one token, exactly as plain decoding would. With an `Adaptive` policy the
-loop body is `lax.cond(the batch's drafts are expected to pay, speculative, plain)`: on XLA:CPU a
-speculative round costs ~1.8–8 plain rounds depending on batch, k and sampling (`Adaptive`,
-docs/performance.md), so speculating only pays when the drafts are good.
+loop runs plain rounds while the batch's drafts are not expected to pay, then speculative rounds while
+they are (`make_loop`): on XLA:CPU a speculative round costs ~1.8–8 plain rounds depending on batch, k
+and sampling (`Adaptive`, docs/performance.md), so speculating only pays when the drafts are good.
 
 Draft quality is tracked per row as an exponential moving average of the tokens a draft gets
 accepted (`accept_ema_b`). Speculative rounds update it from verification. How plain rounds keep it
 fresh depends on what a draft costs (`drafters.Drafter.cheap`):
 
-* A cheap drafter (n-gram lookup) proposes every round, and the cond also asks for a real draft.
+* A cheap drafter (n-gram lookup) proposes every round, and the policy counts only rows with a draft.
   Plain rounds update the average for free from a *shadow draft*: the draft a row had when it last
   stopped speculating is compared, token by token, with what the plain rounds then commit — which
   is exactly what verification would have accepted (greedy), or has the same expectation
   (sampling with a deterministic draft: both accept token x with probability p(x)). So a row whose
   text turns repetitive again is noticed without paying for probe rounds.
 * A costly drafter (a network) proposes inside the speculative branch only, so a plain round costs
-  what plain decoding does. The cond decides from the averages alone, and after `probe_every`
+  what plain decoding does. The policy decides from the averages alone, and after `probe_every`
   consecutive plain rounds one speculative *probe* round refreshes every row's average.
 
 Either way the drafter observes every committed token (`observe` after both kinds of round).

@@ -139,8 +139,8 @@ class SpecConfig:
       k: tokens drafted per round — the chain length, or the node count of a token tree (the
         target forward covers k + 1 positions).
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
-      adaptive: back off to plain one-token rounds when no row's drafts are expected to pay
-        (`spec_rounds.py`); False speculates every round.
+      adaptive: back off to plain one-token rounds while the batch's drafts are not expected to pay
+        for a verify round (`spec_rounds.Adaptive`); False speculates every round.
       min_expected_accept, ema_weight, probe_every, verify_cost: the adaptive policy
         (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft model, Medusa,
         EAGLE) is how many consecutive plain rounds pass before a speculative probe round re-measures

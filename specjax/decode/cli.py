@@ -55,7 +55,8 @@ class DecodeOptions:
     spec_layers: int = 4
     spec_layer_list: list[int] = dataclasses.field(default_factory=list)
     spec_confidence: float = 0.0
-    spec_probe_every: int = 16  # costly drafters: a speculative probe after this many plain rounds
+    spec_probe_every: int = 16  # costly drafters: a probe (one draft, no verify) after this many plain rounds
+    spec_max_probe_every: int = 256  # ... a gap that doubles after each probe, up to this
     spec_verify_cost: float | None = None  # a speculative round's cost in plain rounds (None: estimated)
     draft_model: str | None = None
     draft_checkpoint: str | None = None
@@ -138,7 +139,8 @@ def spec_config(opts: DecodeOptions):
 
     return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram, method=opts.spec,
                       layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
-                      probe_every=opts.spec_probe_every, verify_cost=opts.spec_verify_cost,
+                      probe_every=opts.spec_probe_every,
+                      max_probe_every=opts.spec_max_probe_every, verify_cost=opts.spec_verify_cost,
                       draft_model=opts.draft_model, draft_vocab=opts.draft_vocab,
                       draft_vocab_corpus=opts.draft_vocab_corpus, draft_checkpoint=opts.draft_checkpoint,
                       eagle_depth=opts.eagle_depth, eagle_top_k=opts.eagle_top_k)

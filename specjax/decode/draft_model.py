@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax.decode import draft_cost as cost
 from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
 from specjax.decode.drafters import Draft, Observation, Prefill
 from specjax.decode.generate import GenerationError
@@ -96,6 +97,12 @@ class DraftModelDrafter:
         _, cache = draft(prefill.tokens_bt, positions_bt, draft.init_cache(b, prefill.num_slots),
                          jnp.zeros((b,), jnp.int32))
         return self._feed(draft, cache, prefill.first_b[:, None], prefill.len_b)
+
+    def draft_cost(self, model, draft_params: DraftModelParams, k: int) -> float:
+        """k steps of the draft model (its blocks and head), in target steps (`draft_cost`)."""
+        dcfg = self._model(draft_params).cfg
+        read = dcfg.n_layers * cost.layer_params(dcfg) + cost.head_rows(draft_params.head, dcfg.vocab_size) * dcfg.d_model
+        return k * cost.step_fraction(model.cfg, read)
 
     def propose(self, model, draft_params: DraftModelParams, state, k: int) -> tuple[Draft, KVCache]:
         draft = self._model(draft_params)

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax.decode import draft_cost as cost
 from specjax.decode import dynamic_tree as dt
 from specjax.decode.drafters import Draft, Observation, Prefill
 from specjax.decode.head_params import HeadParams, output_head, vocab_head
@@ -118,6 +119,14 @@ class EagleDrafter:
         last_bd = g_btd[jnp.arange(b), jnp.maximum(obs.n_b - 1, 0)]
         root_bd = jnp.where((obs.n_b > 0)[:, None], last_bd, draft_state.root_feat_bd)
         return EagleState(cache=cache, root_feat_bd=root_bd)
+
+    def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
+        """The root's head product, then depth - 1 passes of the head layer with a head product each
+        (the tree budget k only selects among their candidates), in target steps (`draft_cost`)."""
+        cfg = model.cfg
+        head = cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model
+        layer = sum(x.size for x in jax.tree.leaves(draft_params.weights))
+        return cost.step_fraction(cfg, head) + (self.depth - 1) * cost.step_fraction(cfg, layer + head)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, EagleState]:
         """A k-node EAGLE-2 tree per row, grown from the root feature (see the module docstring)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from specjax.decode import draft_cost as cost
 from specjax.decode.draft_chain import draft_chain, forward_layers, reduced_head
 from specjax.decode.drafters import Draft, StatelessDrafter
 from specjax.decode.generate import GenerationError
@@ -69,6 +70,13 @@ class LayerSkipDrafter(StatelessDrafter):
         n = model.cfg.n_layers
         if self.layers[-1] >= n:
             raise GenerationError(f"layer-skip layers {self.layers} exceed the target's {n} layers (0 … {n - 1})")
+
+    def draft_cost(self, model, draft_params, k: int) -> float:
+        """k steps through the kept layers and the (reduced or full) head, in target steps (`draft_cost`)."""
+        cfg = model.cfg
+        head = draft_params if isinstance(draft_params, HeadTable) else None
+        read = len(self.layers) * cost.layer_params(cfg) + cost.head_rows(head, cfg.vocab_size) * cfg.d_model
+        return k * cost.step_fraction(cfg, read)
 
     def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]:
         self.check(model)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from specjax.decode import draft_cost as cost
 from specjax.decode.drafters import Draft, Observation, Prefill
 from specjax.decode.head_params import HeadParams, output_head, vocab_head
 from specjax.decode.tree import StaticTree, TreeError
@@ -74,6 +75,13 @@ class MedusaDrafter:
         b = obs.n_b.shape[0]
         last_bd = obs.hidden_btd[jnp.arange(b), jnp.maximum(obs.n_b - 1, 0)]
         return MedusaState(feat_bd=jnp.where((obs.n_b > 0)[:, None], last_bd, draft_state.feat_bd))
+
+    def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
+        """One pass of every head's residual blocks and one head product (the heads share the table's
+        read), in target steps (`draft_cost`); the tree's k nodes are picked from those logits."""
+        cfg = model.cfg
+        read = sum(x.size for x in jax.tree.leaves(draft_params.weights))
+        return cost.step_fraction(cfg, read + cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, MedusaState]:
         """The static tree filled with each head's top-k tokens."""

@@ -17,9 +17,12 @@ fresh depends on what a draft costs (`drafters.Drafter.cheap`):
   is exactly what verification would have accepted (greedy), or has the same expectation
   (sampling with a deterministic draft: both accept token x with probability p(x)). So a row whose
   text turns repetitive again is noticed without paying for probe rounds.
-* A costly drafter (a network) proposes inside the speculative branch only, so a plain round costs
-  what plain decoding does. The policy decides from the averages alone, and after `probe_every`
-  consecutive plain rounds one speculative *probe* round refreshes every row's average.
+* A costly drafter (a network) proposes in speculative rounds only, so a plain round costs what plain
+  decoding does. After a gap of plain rounds one *probe* round drafts, and the draft becomes a shadow
+  draft for the next plain rounds (no verify forward: a probe costs the draft alone). Its hit count
+  replaces the row's average, which is stale after the gap. The gap starts at `probe_every` and doubles
+  after each probe that leaves the batch below the bar (up to `max_probe_every`), so on text the
+  drafter cannot predict the probes' cost fades: ~log2(n / probe_every) probes in n tokens.
 
 Either way the drafter observes every committed token (`observe` after both kinds of round).
 """
@@ -35,7 +38,8 @@ from flax import struct
 
 from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
-from specjax.decode.drafters import Observation, is_cheap
+from specjax.decode.draft_cost import draft_cost
+from specjax.decode.drafters import Draft, Observation, is_cheap
 from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
@@ -62,27 +66,29 @@ class Adaptive:
       min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
         still qualify. Break-even on XLA:CPU at batch 1 is ~0.8 (k=4) to ~1.3 (k=8) for free drafts.
       ema_weight: weight of the newest observation in the moving average.
-      probe_every: costly drafters only (cheap ones learn from shadow drafts): after this many
-        consecutive plain rounds the next round speculates anyway, to re-measure the drafts. A probe
-        that fails costs about one verify forward plus the draft (~3–6 plain steps on XLA:CPU), so
-        16 bounds the loss on text the drafter never predicts to roughly a quarter of plain speed
-        while noticing within ~2 probes that drafts became good (the average needs a few hits).
-      verify_cost: what a speculative round costs in plain rounds, or None for the built-in estimate
-        (`estimated_verify_cost`: measured on XLA:CPU; on accelerators it is small and the floor rules).
+      probe_every: costly drafters only (cheap ones learn from shadow drafts): plain rounds before the
+        first probe (a draft run as a shadow, see the module doc), and the initial gap between probes.
+      max_probe_every: the gap doubles after every probe that does not lead to speculation, up to
+        this; a speculative round that the bar chose resets it to probe_every.
+      verify_cost: what a speculative round costs in plain rounds, drafting included, or None for the
+        built-in estimate: `estimated_verify_cost` (measured on XLA:CPU; on accelerators it is small
+        and the floor rules) plus the drafter's `draft_cost.draft_cost`.
     """
 
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
     probe_every: int = 16
+    max_probe_every: int = 256
     verify_cost: float | None = None
 
     def threshold(self, k: int) -> float:
         """The floor of the bar: min_expected_accept capped at 3/4 of k."""
         return min(self.min_expected_accept, 0.75 * k)
 
-    def bar(self, b: int, k: int, greedy: bool) -> float:
-        """The mean expected accepted draft tokens per live row a speculative round needs."""
-        cost = estimated_verify_cost(b, k, greedy) if self.verify_cost is None else self.verify_cost
+    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+        """The mean expected accepted draft tokens per live row a speculative round needs; `draft_cost`
+        is what the drafter's k-token draft costs in plain rounds (0 for cheap drafters)."""
+        cost = estimated_verify_cost(b, k, greedy) + draft_cost if self.verify_cost is None else self.verify_cost
         return max(self.threshold(k), cost - 1.0)
 
 
@@ -117,8 +123,8 @@ class SpecState(loop.RowState):
     draft_tokens_b sums the real draft tokens (tree nodes) verified.
 
     Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round);
-    plain_streak counts the batch's plain rounds since its last speculative one (probes of costly
-    drafters). Cheap drafters' shadow draft: shadow_bk with parents shadow_parent_bk (a chain's
+    plain_streak counts the batch's plain rounds since its last speculative round or probe, and
+    probe_gap is the streak at which a costly drafter probes next. Cheap drafters' shadow draft: shadow_bk with parents shadow_parent_bk (a chain's
     are -1, 0, 1, …), of which shadow_len_b tokens are real (0: no shadow); shadow_hit_b of them
     matched the committed text so far, down to node shadow_node_b (-1: none yet).
 
@@ -135,6 +141,7 @@ class SpecState(loop.RowState):
     accepted_bk: jax.Array
     accept_ema_b: jax.Array
     plain_streak: jax.Array
+    probe_gap: jax.Array
     draft_tokens_b: jax.Array
     shadow_bk: jax.Array
     shadow_parent_bk: jax.Array
@@ -239,6 +246,7 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
     """
 
     cheap = is_cheap(drafter)
+    drafting_cost = draft_cost(drafter, model, draft_params, k)
 
     def verify_target(hidden_btd, state_bt):
         """Greedy: the target's argmax tokens [B, k+1]; sampling: its (masked) logits [B, k+1, V]."""
@@ -249,8 +257,9 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
             logits_btv = constrain.mask_block(grammar, state_bt, logits_btv)
         return jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if sampling.greedy else logits_btv
 
-    def ema(old_b, new_b, where_b):
-        w = adapt.ema_weight if adapt is not None else Adaptive.ema_weight
+    def ema(old_b, new_b, where_b, w=None):
+        if w is None:
+            w = adapt.ema_weight if adapt is not None else Adaptive.ema_weight
         return jnp.where(where_b, (1 - w) * old_b + w * new_b.astype(jnp.float32), old_b)
 
     def verify_chain(s: SpecState, draft, key, state_bt):
@@ -317,7 +326,10 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
         return observe(drafter, model, draft_params, s, s_new, tokens_bt, hidden_btd)
 
     def plain_round(s: SpecState, draft=None, state_bt=None) -> SpecState:
-        """One sampled token per row; `draft` (a cheap drafter's, else None) advances the shadow drafts."""
+        """One sampled token per row; `draft` (None: no shadows) starts and advances the shadow drafts.
+
+        A finished shadow updates a cheap drafter's average; it replaces a costly drafter's (a probe's
+        measurement after a gap of plain rounds, when the old average says little)."""
         live_b = ~s.done_b
         hidden_b1d, cache = model(s.last_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         # The barrier keeps the final norm out of the one-row int8 head's fused product (as the
@@ -328,7 +340,7 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
         tok_b = loop.next_tokens(model, hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
         if draft is not None:
             s, shadow_end_b = advance_shadow(s, draft, tok_b, live_b)
-            s = s.replace(accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b))
+            s = s.replace(accept_ema_b=ema(s.accept_ema_b, s.shadow_hit_b, shadow_end_b, None if cheap else 1.0))
         s = s.replace(
             cache=cache, key=key, steps=s.steps + 1, plain_streak=s.plain_streak + 1,
             rounds_b=s.rounds_b + live_b.astype(jnp.int32),
@@ -352,7 +364,7 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
         """Whether the batch's mean expected accepted tokens per live row reaches the bar (`Adaptive`)."""
         live_b = ~s.done_b
         gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.accept_ema_b, 0.0)
-        bar = adapt.bar(s.done_b.shape[0], k, sampling.greedy)
+        bar = adapt.bar(s.done_b.shape[0], k, sampling.greedy, drafting_cost)
         return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
 
     def running(s: SpecState):
@@ -387,17 +399,34 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
                                        propose(s))
             return carry[0]
 
-        # A costly drafter runs in speculative rounds only (and probes after probe_every plain rounds).
-        def chosen_costly(c):
-            return wants(c[0]) | (c[0].plain_streak >= adapt.probe_every)
+        return run_costly(s)
+
+    def run_costly(s: SpecState) -> SpecState:
+        """A costly drafter drafts in speculative rounds and probes only (`Adaptive.probe_every`)."""
+        b = s.done_b.shape[0]
+        no_draft = Draft(tokens_bk=jnp.zeros((b, k), jnp.int32), len_b=jnp.zeros((b,), jnp.int32))
 
         def plain_costly(c):
-            return (plain_round(c[0]),)
+            return (plain_round(c[0], no_draft),)  # follows the open shadows, starts none
+
+        def probe_costly(c):
+            s, draft, _ = propose(c[0])
+            s = plain_round(s, draft)
+            return (s.replace(plain_streak=jnp.zeros_like(s.plain_streak),
+                              probe_gap=jnp.minimum(2 * s.probe_gap, adapt.max_probe_every)),)
 
         def spec_costly(c):
-            return (spec_round(*propose(c[0])),)
+            s = spec_round(*propose(c[0]))
+            return (s.replace(probe_gap=jnp.full_like(s.probe_gap, adapt.probe_every)),)
 
-        return jax.lax.while_loop(lambda c: running(c[0]),
-                                  lambda c: phases(chosen_costly, plain_costly, spec_costly, c), (s,))[0]
+        def phases_costly(c):
+            c = jax.lax.while_loop(lambda c: running(c[0]) & ~wants(c[0]) & (c[0].plain_streak < c[0].probe_gap),
+                                   plain_costly, c)
+            # At most one trip (the probe resets the streak): a while loop, not a cond (see `phases`).
+            c = jax.lax.while_loop(lambda c: running(c[0]) & ~wants(c[0]) & (c[0].plain_streak >= c[0].probe_gap),
+                                   probe_costly, c)
+            return jax.lax.while_loop(lambda c: running(c[0]) & wants(c[0]), spec_costly, c)
+
+        return jax.lax.while_loop(lambda c: running(c[0]), phases_costly, (s,))[0]
 
     return run

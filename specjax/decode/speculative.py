@@ -33,7 +33,7 @@ from flax import nnx
 
 from specjax.decode import constrain, loop
 from specjax.decode import stops as stops_lib
-from specjax.decode.drafters import Drafter, Prefill
+from specjax.decode.drafters import Drafter, Prefill, is_cheap
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_loop
@@ -92,6 +92,8 @@ def speculative_program(
     jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
     n_stop = 0 if stop_tables is None else stop_tables.count
+    probe_every = 0 if adapt is None else adapt.probe_every
+    first_ema = adapt.bar(b, k, sampling.greedy) if adapt is not None and is_cheap(drafter) else 0.0
     hist_bl = jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt)
     state = SpecState(
         cache=cache,
@@ -109,9 +111,11 @@ def speculative_program(
         plain_rounds_b=jnp.zeros((b,), jnp.int32),
         drafted_bk=jnp.zeros((b, k), jnp.int32),
         accepted_bk=jnp.zeros((b, k), jnp.int32),
-        # At the bar: a row's first draft is tried once, then the evidence decides.
-        accept_ema_b=jnp.full((b,), 0.0 if adapt is None else adapt.bar(b, k, sampling.greedy), jnp.float32),
-        plain_streak=jnp.zeros((), jnp.int32),
+        # A cheap drafter's first draft is tried once (its average starts at the bar), then the evidence
+        # decides; a costly drafter's first round is a probe (its average starts at 0).
+        accept_ema_b=jnp.full((b,), first_ema, jnp.float32),
+        plain_streak=jnp.full((), probe_every, jnp.int32),
+        probe_gap=jnp.full((), probe_every, jnp.int32),
         draft_tokens_b=jnp.zeros((b,), jnp.int32),
         shadow_bk=jnp.zeros((b, k), jnp.int32),
         shadow_parent_bk=jnp.zeros((b, k), jnp.int32),
@@ -141,10 +145,11 @@ class SpecConfig:
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds while the batch's drafts are not expected to pay
         for a verify round (`spec_rounds.Adaptive`); False speculates every round.
-      min_expected_accept, ema_weight, probe_every, verify_cost: the adaptive policy
+      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost: the adaptive policy
         (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft model, Medusa,
-        EAGLE) is how many consecutive plain rounds pass before a speculative probe round re-measures
-        the drafts; verify_cost (None: estimated) is a speculative round's cost in plain rounds.
+        EAGLE) is how many plain rounds pass before a probe re-measures the drafts, a gap that doubles
+        after each probe up to max_probe_every while speculating does not pay; verify_cost (None:
+        estimated) is a speculative round's cost in plain rounds, drafting included.
       method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
         or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
         `spec_methods.build_drafter`.
@@ -165,6 +170,7 @@ class SpecConfig:
     min_expected_accept: float = 2.0
     ema_weight: float = 0.3
     probe_every: int = Adaptive.probe_every
+    max_probe_every: int = Adaptive.max_probe_every
     verify_cost: float | None = None
     method: str = "ngram"
     layers: int | tuple[int, ...] = 4
@@ -185,6 +191,10 @@ class SpecConfig:
             raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
         if not isinstance(self.probe_every, int) or isinstance(self.probe_every, bool) or self.probe_every < 1:
             raise GenerationError(f"probe_every must be a positive integer, got {self.probe_every!r}")
+        if not isinstance(self.max_probe_every, int) or isinstance(self.max_probe_every, bool) or \
+                self.max_probe_every < self.probe_every:
+            raise GenerationError(f"max_probe_every must be an integer >= probe_every ({self.probe_every}), "
+                                  f"got {self.max_probe_every!r}")
         if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
             raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
                                   f"got {self.verify_cost!r}")
@@ -197,7 +207,9 @@ class SpecConfig:
         if not self.adaptive:
             return None
         cost = None if self.verify_cost is None else float(self.verify_cost)
-        return Adaptive(float(self.min_expected_accept), float(self.ema_weight), self.probe_every, cost)
+        return Adaptive(min_expected_accept=float(self.min_expected_accept), ema_weight=float(self.ema_weight),
+                        probe_every=self.probe_every, max_probe_every=self.max_probe_every,
+                        verify_cost=cost)
 
 
 @dataclasses.dataclass

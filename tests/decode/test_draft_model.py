@@ -31,7 +31,7 @@ def reference(tiny_model):
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(k=K, adaptive=False),
-                                  SpecConfig(k=K, min_expected_accept=3.0, probe_every=2)])
+                                  SpecConfig(k=K, min_expected_accept=3.0, verify_cost=1.0, probe_every=2)])
 def test_sliced_draft_model_drafts_exactly_like_early_exit(tiny_model, reference, spec):
     drafter, params = DraftModelDrafter.create(slice_model(tiny_model, (0, 1)), tiny_model)
     out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params).generate(PROMPTS, CFG, spec)
@@ -40,7 +40,8 @@ def test_sliced_draft_model_drafts_exactly_like_early_exit(tiny_model, reference
         PROMPTS, CFG, spec)
     assert (stats.rounds, stats.acceptance_by_position) == (skip.rounds, skip.acceptance_by_position)
     assert stats.plain_rate == skip.plain_rate and (stats.plain_rate > 0) == spec.adaptive, stats.line()
-    assert stats.tau > 1.5, stats.line()
+    # Adaptive: a row's first tokens are plain while the round-0 probe's shadow is checked.
+    assert stats.tau > (1.3 if spec.adaptive else 1.5), stats.line()
 
 
 def test_random_draft_model_reduced_vocab_adaptive_batch1(tiny_model, reference):
@@ -107,7 +108,7 @@ def test_draft_cache_matches_a_fresh_prefill_of_the_committed_text(tiny_model, a
     drafter, params = DraftModelDrafter.create(draft, tiny_model)
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params)
     key, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], CFG, None, 0, extra_slots=K)
-    policy = SpecConfig(k=K, adaptive=adaptive, min_expected_accept=3.0, probe_every=2).policy()
+    policy = SpecConfig(k=K, adaptive=adaptive, min_expected_accept=3.0, verify_cost=1.0, probe_every=2).policy()
     state = speculative_program(gen.graphdef, *args, params, **static, k=K, drafter=drafter, adapt=policy)
     assert int(jnp.sum(state.plain_rounds_b) > 0) == adaptive
     hist_bl, pos_b = np.asarray(state.hist_bl), np.asarray(state.pos_b)

@@ -43,12 +43,13 @@ def test_early_exit_greedy_equals_plain_batch4_ragged(tiny_model, reference):
 
 def test_layer_subset_reduced_vocab_and_confidence_greedy_equals_plain_batch1(tiny_model, reference):
     # Layers (0, 2) skip the middle one (reading the target's cache is then an approximation), 31 kept
-    # ids, drafts cut at top probability 0.2, adaptive rounds.
+    # ids, drafts cut at top probability 0.2, adaptive rounds (a round costing 1 plain round: the
+    # tiny model's draft-cost estimate would keep it plain).
     drafter = LayerSkipDrafter((0, 2), threshold=0.2)
     head = reduced_head(tiny_model, KEPT)
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter, draft_params=head)
     out, stats = gen.generate(PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=1, ignore_eos=True),
-                              SpecConfig(k=K))
+                              SpecConfig(k=K, verify_cost=1.0))
     assert [o.tokens for o in out] == reference
     assert 0 < stats.mean_draft_len < K, stats.line()  # the confidence cut shortened some drafts
 

@@ -1,8 +1,9 @@
-"""Adaptive drafting (`spec_rounds.py`) with costly drafters: the draft runs in speculative rounds only.
+"""Adaptive drafting (`spec_rounds.py`): the batch bar, and costly drafters' probes.
 
-A costly drafter (`Drafter.cheap` False) must not be proposed to in plain rounds; the policy then
-decides from the acceptance averages alone and probes every `probe_every` plain rounds. Greedy
-output must still be plain greedy's, and `observe` must still see every committed token.
+A costly drafter (`Drafter.cheap` False) must not be proposed to in plain rounds, except in probes: a
+probe is a plain round whose draft becomes a shadow (no verify forward), at gaps of plain rounds that
+start at `probe_every` and double up to `max_probe_every`. Greedy output must still be plain greedy's,
+and `observe` must still see every committed token.
 """
 
 import jax.numpy as jnp
@@ -60,16 +61,39 @@ def test_probe_every_must_be_a_positive_integer():
     with pytest.raises(GenerationError, match="probe_every must be a positive integer, got 0"):
         SpecConfig(probe_every=0)
     assert SpecConfig(probe_every=5).policy().probe_every == 5
+    with pytest.raises(GenerationError, match=r"max_probe_every must be an integer >= probe_every \(32\), got 16"):
+        SpecConfig(probe_every=32, max_probe_every=16)
 
 
-@pytest.mark.parametrize(("drafter", "probe_every"), [(CountingDrafter(), 1), (CountingDrafter(), 3),
-                                                      (EmptyCountingDrafter(), 3)])
-def test_costly_drafter_proposes_only_in_speculative_rounds_and_probes(tiny_model, drafter, probe_every):
+def probe_rounds(n: int, every: int, max_every: int) -> list[int]:
+    """The documented probe schedule (oracle): a probe in round 0, then after gaps of every, 2 every,
+    4 every, … (at most max_every) plain rounds, while no probe finds drafts worth speculating."""
+    streak, gap, out = every, every, []
+    for r in range(n):
+        if streak >= gap:
+            out.append(r)
+            streak, gap = 0, min(2 * gap, max_every)
+        else:
+            streak += 1
+    return out
+
+
+def test_probe_schedule_oracle():
+    assert probe_rounds(15, 1, 256) == [0, 3, 8]  # gaps 2, 4, 8 plain rounds
+    assert probe_rounds(15, 1, 2) == [0, 3, 6, 9, 12]  # capped at 2
+    assert probe_rounds(15, 3, 256) == [0, 7]
+
+
+@pytest.mark.parametrize(("drafter", "probe_every", "max_every"), [(CountingDrafter(), 1, 256),
+                                                                   (CountingDrafter(), 1, 2),
+                                                                   (CountingDrafter(), 3, 256),
+                                                                   (EmptyCountingDrafter(), 3, 256)])
+def test_costly_drafter_proposes_only_in_probes_that_back_off(tiny_model, drafter, probe_every, max_every):
     cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
     ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
     assert all(0 not in r.tokens for r in ref), "the tiny model generates the pad id: pick another bad draft"
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
-    spec = SpecConfig(k=K, probe_every=probe_every)
+    spec = SpecConfig(k=K, probe_every=probe_every, max_probe_every=max_every)
     out, stats = gen.generate(PROMPTS, cfg, spec)
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert stats.acceptance_by_position == (0.0,) * K, stats.line()
@@ -80,11 +104,11 @@ def test_costly_drafter_proposes_only_in_speculative_rounds_and_probes(tiny_mode
     (hist_bl, len_b, bad), log_n = state.draft_state
     steps = int(state.steps)
     assert steps == 15  # one token per round: the prefill's, then 15 rounds
-    # Round 0 tries the drafts (the average starts at the threshold), fails; then every probe_every
-    # plain rounds one probe, and nothing in between.
-    want = [int(s % (probe_every + 1) == 0) for s in range(steps)]
-    assert np.asarray(log_n[:steps]).tolist() == want and int(np.sum(log_n)) < steps
-    assert stats.plain_rate == pytest.approx(1 - sum(want) / steps)
+    # Round 0 probes, the shadow fails at once, and the gaps double: nothing is drafted in between.
+    probes = probe_rounds(steps, probe_every, max_every)
+    assert np.flatnonzero(np.asarray(log_n[:steps])).tolist() == probes and len(probes) < steps
+    # A probe is a plain round (no verify forward): every round was plain.
+    assert stats.plain_rate == 1.0 and stats.draft_rate == 0.0, stats.line()
     # observe saw every committed token of every row, plain rounds included, at chained positions.
     assert int(bad) == 0
     np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
@@ -109,8 +133,8 @@ def test_layer_skip_adaptive_greedy_equals_plain_greedy(tiny_model, batch_size):
     ref, _ = Generator(model, ByteTokenizer()).generate(prompts, cfg)
     assert {r.finish_reason for r in ref} == {"eos", "length"}, "EOS did not make the batch ragged"
     gen = SpeculativeGenerator(model, ByteTokenizer(), drafter=LayerSkipDrafter.early_exit(2))
-    # A high bar, so that speculative, plain and probe rounds all occur.
-    out, stats = gen.generate(prompts, cfg, SpecConfig(k=K, min_expected_accept=3.0, probe_every=2))
+    # A low bar (a round costs 1 plain round), so that speculative, plain and probe rounds all occur.
+    out, stats = gen.generate(prompts, cfg, SpecConfig(k=K, min_expected_accept=0.5, verify_cost=1.0, probe_every=2))
     assert [(o.tokens, o.finish_reason) for o in out] == [(r.tokens, r.finish_reason) for r in ref]
     assert 0 < stats.plain_rate < 1 and stats.draft_rate > 0, stats.line()
     assert eos not in [t for o in out for t in o.tokens]
@@ -166,3 +190,24 @@ def test_one_good_row_does_not_drag_the_batch_into_speculation(tiny_model, good,
         assert spec_row_rounds >= 3 * 4, stats.line()
     else:  # only the first round (every average starts at the bar) speculates
         assert spec_row_rounds == 4, stats.line()
+
+
+class CostlyOracleDrafter(OracleDrafter):
+    """The oracle as a costly drafter: it drafts only in probes and speculative rounds."""
+
+    cheap = False
+
+
+def test_a_probe_that_finds_good_drafts_starts_speculation(tiny_model):
+    """Round 0 probes; its shadow matches all k tokens over rounds 0-3 (plain, no verify forward),
+    which replaces the average with k >= bar: from round 4 every round speculates, 5 tokens each."""
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
+    drafter = CostlyOracleDrafter(tuple(tuple(r.tokens) for r in ref), 4)
+    out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter).generate(
+        PROMPTS, cfg, SpecConfig(k=K, verify_cost=2.0))
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    # 1 prefill token + 4 plain rounds + speculative rounds of 5, 5 and the last 1 of 16.
+    assert stats.rounds == 7 * 4 and stats.plain_rate == pytest.approx(4 / 7), stats.line()
+    # The last round's draft runs past the reference (pad ids): only its first token is accepted.
+    assert stats.acceptance_by_position == pytest.approx((1.0,) + (2 / 3,) * (K - 1))

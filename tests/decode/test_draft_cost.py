@@ -1,0 +1,84 @@
+"""Draft costs (`draft_cost.py`) and the adaptive bar that adds them to the verify cost."""
+
+import types
+
+import jax.numpy as jnp
+import pytest
+from conftest import tiny_config
+from flax import nnx
+from test_spec_rounds import CountingDrafter
+
+from specjax.decode import draft_cost as cost
+from specjax.decode.draft_chain import reduced_head
+from specjax.decode.draft_model import DraftModelDrafter
+from specjax.decode.drafters import NgramDrafter
+from specjax.decode.eagle_drafter import EagleDrafter
+from specjax.decode.layer_skip import LayerSkipDrafter
+from specjax.decode.medusa_drafter import MedusaDrafter
+from specjax.decode.spec_rounds import Adaptive, estimated_verify_cost
+from specjax.decode.tree import StaticTree
+from specjax.models.config import gemma3_270m
+from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models.medusa import MedusaConfig, MedusaHeads
+from specjax.models.transformer import Transformer
+
+GEMMA = types.SimpleNamespace(cfg=gemma3_270m())  # draft_cost reads the target's config only
+
+
+def test_the_whole_target_costs_one_step():
+    cfg = GEMMA.cfg
+    assert cost.step_fraction(cfg, cost.target_params(cfg)) == pytest.approx(1.0)
+    assert cost.step_fraction(cfg, 0) == cost.STEP_FIXED
+    # Gemma 3 270M: the 262,144 x 640 head is most of what a step reads.
+    assert cfg.vocab_size * cfg.d_model / cost.target_params(cfg) > 0.6
+
+
+def test_layer_skip_cost_grows_with_layers_and_head_rows():
+    full = LayerSkipDrafter(tuple(range(GEMMA.cfg.n_layers)))
+    assert full.draft_cost(GEMMA, (), 4) == pytest.approx(4.0)  # k steps of the whole target
+    shallow = LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, (), 4)
+    deep = LayerSkipDrafter.early_exit(12).draft_cost(GEMMA, (), 4)
+    assert 4 * cost.STEP_FIXED < shallow < deep < 4.0
+    # A 16k-row reduced head is a fraction of the full one (a stand-in table: only its shape is read).
+    small = types.SimpleNamespace(table_nd=jnp.zeros((16_384, GEMMA.cfg.d_model)))
+    assert cost.head_rows(small, GEMMA.cfg.vocab_size) == 16_384
+    assert cost.head_rows(None, GEMMA.cfg.vocab_size) == GEMMA.cfg.vocab_size
+
+
+def test_reduced_head_lowers_a_real_layer_skip_cost(tiny_model):
+    drafter = LayerSkipDrafter.early_exit(2)
+    head = reduced_head(tiny_model, list(range(8)))
+    assert drafter.draft_cost(tiny_model, head, 4) < drafter.draft_cost(tiny_model, (), 4)
+
+
+def test_a_draft_model_equal_to_the_target_costs_k_steps(tiny_model):
+    drafter, params = DraftModelDrafter.create(tiny_model, tiny_model)
+    assert drafter.draft_cost(tiny_model, params, 3) == pytest.approx(3.0)
+    small = Transformer(tiny_config(n_layers=1, layer_kinds=("global",)), rngs=nnx.Rngs(1))
+    drafter, params = DraftModelDrafter.create(small, tiny_model)
+    assert drafter.draft_cost(tiny_model, params, 3) < 3.0
+
+
+def test_head_drafters_cost_one_pass_or_one_per_depth(tiny_model):
+    medusa, params = MedusaDrafter.build(MedusaHeads(MedusaConfig(d_model=32, n_heads=4)), tiny_model,
+                                         StaticTree.chain(4))
+    per_head = cost.step_fraction(tiny_model.cfg, 32 * 32 + 32 + 64 * 32)
+    assert per_head < medusa.draft_cost(tiny_model, params, 4) < 4 * per_head  # one pass, not k
+    head = EagleHead(EagleConfig.from_target(tiny_config()), rngs=nnx.Rngs(7))
+    shallow, params = EagleDrafter.build(head, tiny_model, depth=2, top_k=2)
+    deep, _ = EagleDrafter.build(head, tiny_model, depth=4, top_k=2)
+    assert 0 < shallow.draft_cost(tiny_model, params, 4) < deep.draft_cost(tiny_model, params, 4)
+
+
+def test_cheap_and_undeclared_drafters():
+    assert cost.draft_cost(NgramDrafter(), GEMMA, (), 8) == 0.0
+    assert cost.draft_cost(CountingDrafter(), GEMMA, (), 8) == cost.UNDECLARED_STEP * 8
+    assert cost.draft_cost(LayerSkipDrafter.early_exit(4), GEMMA, (), 8) == \
+        LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, (), 8)
+
+
+def test_the_bar_adds_the_draft_cost_unless_the_round_cost_is_given():
+    policy = Adaptive()
+    assert policy.bar(1, 4, True) == 2.0  # the floor: a free draft's round costs 1.8 plain rounds
+    assert policy.bar(1, 4, True, draft_cost=2.5) == pytest.approx(estimated_verify_cost(1, 4, True) + 2.5 - 1)
+    assert Adaptive(verify_cost=1.5).bar(1, 4, True, draft_cost=2.5) == 2.0  # verify_cost covers the round

@@ -101,7 +101,8 @@ class DraftModelDrafter:
     def draft_cost(self, model, draft_params: DraftModelParams, k: int) -> float:
         """k steps of the draft model (its blocks and head), in target steps (`draft_cost`)."""
         dcfg = self._model(draft_params).cfg
-        read = dcfg.n_layers * cost.layer_params(dcfg) + cost.head_rows(draft_params.head, dcfg.vocab_size) * dcfg.d_model
+        head = cost.head_rows(draft_params.head, dcfg.vocab_size) * dcfg.d_model
+        read = dcfg.n_layers * cost.layer_params(dcfg) + head
         return k * cost.step_fraction(model.cfg, read)
 
     def propose(self, model, draft_params: DraftModelParams, state, k: int) -> tuple[Draft, KVCache]:

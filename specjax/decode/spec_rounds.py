@@ -124,9 +124,10 @@ class SpecState(loop.RowState):
 
     Adaptive drafting: accept_ema_b (moving average of accepted draft tokens per round);
     plain_streak counts the batch's plain rounds since its last speculative round or probe, and
-    probe_gap is the streak at which a costly drafter probes next. Cheap drafters' shadow draft: shadow_bk with parents shadow_parent_bk (a chain's
-    are -1, 0, 1, …), of which shadow_len_b tokens are real (0: no shadow); shadow_hit_b of them
-    matched the committed text so far, down to node shadow_node_b (-1: none yet).
+    probe_gap is the streak at which a costly drafter probes next. The shadow draft (a cheap
+    drafter's latest, or a costly drafter's probe): shadow_bk with parents shadow_parent_bk (a
+    chain's are -1, 0, 1, …), of which shadow_len_b tokens are real (0: no shadow); shadow_hit_b of
+    them matched the committed text so far, down to node shadow_node_b (-1: none yet).
 
     draft_state is the drafter's own carry (`drafters.Drafter`), () for stateless drafters.
     sampling (static), temperature and top_p are the loop's token selection, so that a sampling

@@ -45,6 +45,13 @@ def head_rows(table, vocab_size: int) -> int:
     return vocab_size if table is None else int(table.table_nd.shape[0])
 
 
+def max_accept(drafter, k: int) -> int:
+    """The most draft tokens one round can accept: k for a chain, the depth for a token tree (a drafter
+    declares it with a `max_accept(k)` method; undeclared: k)."""
+    declared = getattr(drafter, "max_accept", None)
+    return k if declared is None else min(k, int(declared(k)))
+
+
 def draft_cost(drafter, model, draft_params, k: int) -> float:
     """A round's draft cost in plain target steps: 0 for a cheap drafter, else the drafter's estimate."""
     if is_cheap(drafter):

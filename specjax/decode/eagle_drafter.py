@@ -120,6 +120,10 @@ class EagleDrafter:
         root_bd = jnp.where((obs.n_b > 0)[:, None], last_bd, draft_state.root_feat_bd)
         return EagleState(cache=cache, root_feat_bd=root_bd)
 
+    def max_accept(self, k: int) -> int:
+        """A round accepts at most one path: the tree's depth."""
+        return self.depth
+
     def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
         """The root's head product, then depth - 1 passes of the head layer with a head product each
         (the tree budget k only selects among their candidates), in target steps (`draft_cost`)."""

@@ -250,13 +250,17 @@ class Generator:
         stats.tokens_per_s = stats.new_tokens / stats.wall_s
         return completions, stats
 
+    def _rows(self, cfg: GenerateConfig) -> int:
+        """Rows of a batch's program: the batch size (on a mesh, rounded to fill the data axis)."""
+        return cfg.batch_size if self.mesh_plan is None else self.mesh_plan.rows(cfg.batch_size)
+
     def _batch_inputs(self, chunk, cfg: GenerateConfig, stops, seed_offset: int, extra_slots: int = 0):
         """Pads a chunk of prompts into the static shapes of one device program.
 
         Returns (shape key, program arguments, static keyword arguments); the KV cache in the
         arguments has prompt bucket + new-token bucket + `extra_slots` slots.
         """
-        b = cfg.batch_size if self.mesh_plan is None else self.mesh_plan.rows(cfg.batch_size)
+        b = self._rows(cfg)
         t = prompt_bucket(max(len(p) for p in chunk))
         n_out = bucket(cfg.max_new_tokens)
         prompt_bt = np.full((b, t), self.model.cfg.pad_id, np.int32)

@@ -18,7 +18,7 @@ from flax import nnx, struct
 from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
 from specjax.decode.sampling import SamplingConfig, sample
-from specjax.models.kv_cache import KVCache
+from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
 
 # REASON_GRAMMAR: the row's grammar reached a state where only EOS may follow (its sentence is complete).
 REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
@@ -131,7 +131,8 @@ def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array):
     return hidden_btd, jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1), cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",),
+                   compiler_options=IN_PLACE_COMPILER_OPTIONS)
 def generate_program(
     graphdef,
     params,

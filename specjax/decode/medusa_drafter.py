@@ -76,6 +76,10 @@ class MedusaDrafter:
         last_bd = obs.hidden_btd[jnp.arange(b), jnp.maximum(obs.n_b - 1, 0)]
         return MedusaState(feat_bd=jnp.where((obs.n_b > 0)[:, None], last_bd, draft_state.feat_bd))
 
+    def max_accept(self, k: int) -> int:
+        """A round accepts at most one path: the tree's depth."""
+        return self.tree.max_depth
+
     def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
         """One pass of every head's residual blocks and one head product (the heads share the table's
         read), in target steps (`draft_cost`); the tree's k nodes are picked from those logits."""

@@ -25,7 +25,7 @@ import jax
 from jax.sharding import Mesh
 
 from specjax.models import sharding as sh
-from specjax.models.kv_cache import KVCache
+from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
 
 
 class MeshPlan:
@@ -116,5 +116,6 @@ class MeshPlan:
         fun = functools.partial(program.__wrapped__, graphdef, **static)
         out = jax.eval_shape(fun, *args)
         donate = tuple(i for i, a in enumerate(args) if isinstance(a, KVCache))
-        jitted = jax.jit(fun, out_shardings=self.output_shardings(out, rows), donate_argnums=donate)
+        jitted = jax.jit(fun, out_shardings=self.output_shardings(out, rows), donate_argnums=donate,
+                         compiler_options=IN_PLACE_COMPILER_OPTIONS)
         return jitted.lower(*args)

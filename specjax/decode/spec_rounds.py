@@ -38,7 +38,7 @@ from flax import struct
 
 from specjax.decode import constrain, loop
 from specjax.decode import tree as tree_lib
-from specjax.decode.draft_cost import draft_cost
+from specjax.decode.draft_cost import draft_cost, max_accept
 from specjax.decode.drafters import Draft, Observation, is_cheap
 from specjax.decode.generate import GenerationError
 from specjax.decode.sampling import SamplingConfig
@@ -73,6 +73,9 @@ class Adaptive:
       verify_cost: what a speculative round costs in plain rounds, drafting included, or None for the
         built-in estimate: `estimated_verify_cost` (measured on XLA:CPU; on accelerators it is small
         and the floor rules) plus the drafter's `draft_cost.draft_cost`.
+      min_best_gain: speculation is switched off (no probes, no speculative rounds: plain decoding)
+        when even a round whose draft is accepted in full would beat plain rounds by less than this
+        factor (`off`), e.g. a 4-token layer-skip draft through the full 262,144-row head on XLA:CPU.
     """
 
     min_expected_accept: float = 2.0
@@ -80,16 +83,32 @@ class Adaptive:
     probe_every: int = 16
     max_probe_every: int = 256
     verify_cost: float | None = None
+    min_best_gain: float = 1.25
 
     def threshold(self, k: int) -> float:
         """The floor of the bar: min_expected_accept capped at 3/4 of k."""
         return min(self.min_expected_accept, 0.75 * k)
 
+    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+        """A speculative round's cost in plain rounds; `draft_cost` is what the drafter's k-token draft
+        costs in plain rounds (0 for cheap drafters)."""
+        return estimated_verify_cost(b, k, greedy) + draft_cost if self.verify_cost is None else self.verify_cost
+
     def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
-        """The mean expected accepted draft tokens per live row a speculative round needs; `draft_cost`
-        is what the drafter's k-token draft costs in plain rounds (0 for cheap drafters)."""
-        cost = estimated_verify_cost(b, k, greedy) + draft_cost if self.verify_cost is None else self.verify_cost
-        return max(self.threshold(k), cost - 1.0)
+        """The mean expected accepted draft tokens per live row a speculative round needs."""
+        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost) - 1.0)
+
+    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> bool:
+        """Whether a round that accepts all it can (max_accept + 1 tokens) gains less than min_best_gain."""
+        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost)
+
+    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> str:
+        """Why speculation is off, for the stats line ("" when it is on)."""
+        if not self.off(b, k, greedy, draft_cost, max_accept):
+            return ""
+        cost = self.round_cost(b, k, greedy, draft_cost)
+        return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
+                f"{max_accept + 1} tokens (set verify_cost / spec_verify_cost to override)")
 
 
 def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
@@ -384,6 +403,8 @@ def make_loop(model, draft_params, k, drafter, sampling, temperature, static_top
     def run(s: SpecState) -> SpecState:
         if adapt is None:
             return jax.lax.while_loop(running, lambda s: spec_round(*propose(s)), s)
+        if adapt.off(s.done_b.shape[0], k, sampling.greedy, drafting_cost, max_accept(drafter, k)):
+            return jax.lax.while_loop(running, plain_round, s)  # even perfect drafts would not pay
         if cheap:
             # The carry holds the next round's draft (a cheap drafter proposes every round): the loop
             # conditions decide from it, and a plain round's shadow follows it.

@@ -33,11 +33,12 @@ from flax import nnx
 
 from specjax.decode import constrain, loop
 from specjax.decode import stops as stops_lib
+from specjax.decode.draft_cost import draft_cost, max_accept
 from specjax.decode.drafters import Drafter, Prefill, is_cheap
 from specjax.decode.generate import Completion, GenerateConfig, GenerationError, Generator, Stats
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_loop
-from specjax.models.kv_cache import KVCache
+from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
 from specjax.models.sharding import LOGICAL_RULES
 
 __all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGenerator", "speculative_program"]
@@ -45,7 +46,7 @@ __all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGener
 
 @functools.partial(
     jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter", "adapt"),
-    donate_argnames=("cache",))
+    donate_argnames=("cache",), compiler_options=IN_PLACE_COMPILER_OPTIONS)
 def speculative_program(
     graphdef,
     params,
@@ -230,6 +231,7 @@ class SpecStats(Stats):
     mean_draft_len: draft tokens (tree nodes) verified per round (plain rounds count 0): the
       chosen lengths, e.g. after `tree.confident_length` cut drafts short.
     ms_per_round: mean time of one loop iteration (one target forward for the batch), last batch.
+    note: why the adaptive policy switched speculation off (`spec_rounds.Adaptive.off`), or "".
     The inherited ms_per_token is decode time per generated token of a row (decode time ×
     rows / decode tokens), comparable with the plain loop's ms per step.
     """
@@ -242,13 +244,14 @@ class SpecStats(Stats):
     plain_rate: float = 0.0
     mean_draft_len: float = 0.0
     ms_per_round: float = 0.0
+    note: str = ""
 
     def line(self) -> str:
         acc = " ".join(f"{a:.2f}" for a in self.acceptance_by_position)
         return (super().line() + f"; speculative k={self.k}: tau {self.tau:.2f} tokens/forward over "
                 f"{self.rounds} rounds, acceptance by position [{acc}], drafted in {self.draft_rate:.0%}, "
                 f"plain rounds {self.plain_rate:.0%}, mean draft {self.mean_draft_len:.2f}, "
-                f"{self.ms_per_round:.1f} ms/round")
+                f"{self.ms_per_round:.1f} ms/round" + (f"; {self.note}" if self.note else ""))
 
 
 _DEFAULT_GENERATE, _DEFAULT_SPEC = GenerateConfig(), SpecConfig()
@@ -290,6 +293,7 @@ class SpeculativeGenerator(Generator):
         self._draft_tokens = 0
         self._decode_tokens = 0
         self._round_time = [0.0, 0]  # seconds after the first token, loop rounds
+        self._notes = []  # the policy's notes, one per distinct batch shape
         completions, base = super().generate(prompts, cfg, progress)
         rounds, drafted_k, accepted_k = int(self._tally[0, 0]), self._tally[1], self._tally[2]
         return completions, SpecStats(
@@ -300,7 +304,30 @@ class SpeculativeGenerator(Generator):
             plain_rate=self._plain_rounds / max(rounds, 1),
             mean_draft_len=self._draft_tokens / max(rounds, 1),
             ms_per_round=self._round_time[0] * 1e3 / max(self._round_time[1], 1),
+            note="; ".join(self._notes),
         )
+
+    def _policy_off(self, spec: SpecConfig, drafter, draft_params, b: int, greedy: bool) -> bool:
+        """Whether the policy switches speculation off for this batch size; records why."""
+        policy = spec.policy()
+        if policy is None:
+            return False
+        cost = draft_cost(drafter, self.model, draft_params, spec.k)
+        note = policy.off_note(b, spec.k, greedy, cost, max_accept(drafter, spec.k))
+        if note and note not in self._notes:
+            self._notes.append(note)
+        return bool(note)
+
+    def _run_plain(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
+        """Plain decoding's own program, counted as plain rounds (speculation is off for this batch)."""
+        out, first_t, t_call = super()._run_batch(chunk, cfg, stops, progress, stats, seed_offset)
+        decode_tokens = int(out[1].sum()) - len(chunk)
+        self._decode_tokens += decode_tokens
+        self._tally[0] += decode_tokens
+        self._plain_rounds += decode_tokens
+        self._round_time[0] += time.perf_counter() - first_t
+        self._round_time[1] += int(out[3]) - 1
+        return out, first_t, t_call
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
         spec: SpecConfig = self._spec
@@ -318,6 +345,8 @@ class SpeculativeGenerator(Generator):
                     draft_params = self.mesh_plan.replicate(draft_params)
                 self._drafters[what] = drafter, draft_params
             drafter, draft_params = self._drafters[what]
+        if self._policy_off(spec, drafter, draft_params, self._rows(cfg), cfg.sampling.greedy):
+            return self._run_plain(chunk, cfg, stops, progress, stats, seed_offset)
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
         args = (*args, draft_params)
         b, t, _, n_out = key[:4]

@@ -2,6 +2,7 @@
 
 import types
 
+import jax
 import jax.numpy as jnp
 import pytest
 from conftest import tiny_config
@@ -18,6 +19,7 @@ from specjax.decode.medusa_drafter import MedusaDrafter
 from specjax.decode.spec_rounds import Adaptive, estimated_verify_cost
 from specjax.decode.tree import StaticTree
 from specjax.models.config import gemma3_270m
+from specjax.models.draft_vocab import HeadTable
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads
 from specjax.models.transformer import Transformer
@@ -39,8 +41,9 @@ def test_layer_skip_cost_grows_with_layers_and_head_rows():
     shallow = LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, (), 4)
     deep = LayerSkipDrafter.early_exit(12).draft_cost(GEMMA, (), 4)
     assert 4 * cost.STEP_FIXED < shallow < deep < 4.0
-    # A 16k-row reduced head is a fraction of the full one (a stand-in table: only its shape is read).
-    small = types.SimpleNamespace(table_nd=jnp.zeros((16_384, GEMMA.cfg.d_model)))
+    # A 16k-row reduced head is a fraction of the full one (only the table's shape is read).
+    small = HeadTable(table_nd=jax.ShapeDtypeStruct((16_384, GEMMA.cfg.d_model), jnp.float32))
+    assert LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, small, 4) < shallow
     assert cost.head_rows(small, GEMMA.cfg.vocab_size) == 16_384
     assert cost.head_rows(None, GEMMA.cfg.vocab_size) == GEMMA.cfg.vocab_size
 
@@ -82,3 +85,24 @@ def test_the_bar_adds_the_draft_cost_unless_the_round_cost_is_given():
     assert policy.bar(1, 4, True) == 2.0  # the floor: a free draft's round costs 1.8 plain rounds
     assert policy.bar(1, 4, True, draft_cost=2.5) == pytest.approx(estimated_verify_cost(1, 4, True) + 2.5 - 1)
     assert Adaptive(verify_cost=1.5).bar(1, 4, True, draft_cost=2.5) == 2.0  # verify_cost covers the round
+
+
+def test_full_head_layer_skip_is_switched_off_on_cpu_but_a_16k_head_is_not():
+    """Gemma 3 270M, batch 1, k = 4, XLA:CPU estimates: early exit after 4 layers through the full head
+    costs ~0.74 of a plain step per draft token, so even 5 accepted tokens cannot gain 1.25x; with a
+    16k-row head after 12 layers the best round gains ~1.5x and the policy probes."""
+    policy, k = Adaptive(), 4
+    full = LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, (), k)
+    assert policy.off(1, k, True, full, k) and "speculation off at batch 1" in policy.off_note(1, k, True, full, k)
+    small = HeadTable(table_nd=jax.ShapeDtypeStruct((16_384, GEMMA.cfg.d_model), jnp.float32),
+                      ids_n=jax.ShapeDtypeStruct((16_384,), jnp.int32))  # shapes only: nothing is computed
+    reduced = LayerSkipDrafter.early_exit(12).draft_cost(GEMMA, small, k)
+    assert not policy.off(1, k, True, reduced, k) and policy.off_note(1, k, True, reduced, k) == ""
+    assert not policy.off(1, k, True, 0.0, k)  # n-gram: free drafts
+
+
+def test_tree_drafters_accept_at_most_their_depth():
+    assert cost.max_accept(NgramDrafter(), 8) == 8
+    medusa = MedusaDrafter(None, StaticTree.chain(3), 4)
+    assert cost.max_accept(medusa, 8) == 3
+    assert cost.max_accept(EagleDrafter(None, depth=5, top_k=4), 20) == 5

@@ -93,7 +93,8 @@ def test_costly_drafter_proposes_only_in_probes_that_back_off(tiny_model, drafte
     ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
     assert all(0 not in r.tokens for r in ref), "the tiny model generates the pad id: pick another bad draft"
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
-    spec = SpecConfig(k=K, probe_every=probe_every, max_probe_every=max_every)
+    # A round costing 2 plain rounds: the undeclared drafter's estimate would switch speculation off.
+    spec = SpecConfig(k=K, probe_every=probe_every, max_probe_every=max_every, verify_cost=2.0)
     out, stats = gen.generate(PROMPTS, cfg, spec)
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert stats.acceptance_by_position == (0.0,) * K, stats.line()
@@ -211,3 +212,25 @@ def test_a_probe_that_finds_good_drafts_starts_speculation(tiny_model):
     assert stats.rounds == 7 * 4 and stats.plain_rate == pytest.approx(4 / 7), stats.line()
     # The last round's draft runs past the reference (pad ids): only its first token is accepted.
     assert stats.acceptance_by_position == pytest.approx((1.0,) + (2 / 3,) * (K - 1))
+
+
+def test_speculation_off_when_even_perfect_drafts_cannot_pay(tiny_model):
+    """A round costing 10 plain rounds for at most k + 1 = 5 tokens: the loop never drafts (no probes
+    either), decodes exactly like plain, and the stats say why."""
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    ref, _ = Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)
+    drafter = CountingDrafter()
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
+    spec = SpecConfig(k=K, verify_cost=10.0)
+    assert spec.policy().off(4, K, True, 0.0, K)
+    assert not SpecConfig(k=K, verify_cost=3.9).policy().off(4, K, True, 0.0, K)  # 5 tokens >= 1.25 x 3.9
+    out, stats = gen.generate(PROMPTS, cfg, spec)  # runs plain decoding's program
+    assert [o.tokens for o in out] == [r.tokens for r in ref]
+    assert stats.plain_rate == 1.0 and "speculation off at batch 4: a round would cost ~10.0 plain steps for at " \
+        "most 5 tokens" in stats.line(), stats.line()
+    assert stats.rounds == 15 * 4 and stats.tau == 1.0
+    # The speculative program itself (called directly) also runs plain rounds only.
+    _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
+    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter, adapt=spec.policy())
+    assert int(np.sum(state.draft_state[1])) == 0  # propose never ran
+    np.testing.assert_array_equal(np.asarray(state.out_bn[:, :16]), np.asarray([r.tokens for r in ref]))

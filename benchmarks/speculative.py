@@ -114,6 +114,8 @@ def specjax_rows(model, tok, sets: dict[str, dict[str, str]], args) -> list[dict
                         "same": None if temp > 0 else [o.tokens for o in out] == [o.tokens for o in base_out],
                         "ms_round": getattr(st, "ms_per_round", st.ms_per_token),
                     })
+                for gen, _ in setups.values():  # a sweep compiles more programs than a process can map
+                    gen.release_programs()
     return rows
 
 

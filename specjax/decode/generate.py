@@ -293,6 +293,17 @@ class Generator:
             return program.lower(self.graphdef, *args, **static)
         return self.mesh_plan.lower(program, self.graphdef, args, static)
 
+    def release_programs(self) -> None:
+        """Drops this generator's compiled programs and JAX's compilation caches.
+
+        Each compiled decode program maps ~900 memory regions on XLA:CPU (LLVM code sections), and
+        Linux allows 65,530 per process by default: a long-running process that compiles many shapes
+        (a benchmark sweep, a test session) fails with "LLVM ERROR: Unable to allocate section memory"
+        after ~70 programs unless it releases the ones it no longer needs. The next call recompiles.
+        """
+        self._programs.clear()
+        jax.clear_caches()
+
     def _program(self, key, lower: Callable, what: str, progress, stats: Stats):
         """The compiled executable for `key`, compiling (timed apart) on first use."""
         if key not in self._programs:

@@ -16,6 +16,8 @@ declares none is charged `UNDECLARED_STEP` per draft token.
 
 from __future__ import annotations
 
+import jax
+
 from specjax.decode.drafters import is_cheap
 
 STEP_FIXED = 0.1
@@ -37,6 +39,11 @@ def target_params(cfg) -> int:
 def step_fraction(target_cfg, params_read: int) -> float:
     """Cost of a draft forward that reads `params_read` parameters, as a fraction of a target step."""
     return STEP_FIXED + (1.0 - STEP_FIXED) * params_read / target_params(target_cfg)
+
+
+def param_count(tree) -> int:
+    """Parameters in a pytree of arrays (a head module's weights)."""
+    return sum(x.size for x in jax.tree.leaves(tree))
 
 
 def head_rows(table, vocab_size: int) -> int:

@@ -129,7 +129,7 @@ class EagleDrafter:
         (the tree budget k only selects among their candidates), in target steps (`draft_cost`)."""
         cfg = model.cfg
         head = cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model
-        layer = sum(x.size for x in jax.tree.leaves(draft_params.weights))
+        layer = cost.param_count(draft_params.weights)
         return cost.step_fraction(cfg, head) + (self.depth - 1) * cost.step_fraction(cfg, layer + head)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, EagleState]:

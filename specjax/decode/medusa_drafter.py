@@ -84,7 +84,7 @@ class MedusaDrafter:
         """One pass of every head's residual blocks and one head product (the heads share the table's
         read), in target steps (`draft_cost`); the tree's k nodes are picked from those logits."""
         cfg = model.cfg
-        read = sum(x.size for x in jax.tree.leaves(draft_params.weights))
+        read = cost.param_count(draft_params.weights)
         return cost.step_fraction(cfg, read + cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, MedusaState]:

@@ -74,7 +74,7 @@ def method_setup(name: str, model, tok, k: int, args) -> tuple[SpeculativeGenera
     if name not in extra:
         raise SystemExit(f"unknown method {name!r} (available: {', '.join(extra)})")
     cfg = SpecConfig(k=k, method=name, adaptive=not args.no_adaptive, min_expected_accept=args.min_expected_accept,
-                     probe_every=args.probe_every, **extra[name])
+                     probe_every=args.probe_every, min_best_gain=args.min_best_gain, **extra[name])
     return SpeculativeGenerator(model, tok), cfg
 
 
@@ -214,6 +214,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--min-expected-accept", type=float, default=SpecConfig.min_expected_accept)
     ap.add_argument("--no-adaptive", action="store_true", help="speculate every round")
+    ap.add_argument("--min-best-gain", type=float, default=SpecConfig.min_best_gain,
+                    help="speculation off when a fully accepted round would gain less (0: never off)")
     ap.add_argument("--probe-every", type=int, default=SpecConfig.probe_every,
                     help="costly drafters: a speculative probe round after this many plain rounds")
     ap.add_argument("--layers", type=int, default=15, help="layerskip: early exit after N layers")

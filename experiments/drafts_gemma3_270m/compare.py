@@ -62,7 +62,8 @@ def setups(bench, model, tok, args) -> dict:
     opts = SimpleNamespace(layers=15, draft_vocab=0, draft_vocab_corpus=None, draft_model=args.draft,
                            medusa_checkpoint=args.medusa, eagle_checkpoint=args.eagle, eagle_depth=args.eagle_depth,
                            eagle_top_k=args.eagle_top_k, no_adaptive=args.no_adaptive,
-                           min_expected_accept=args.min_expected_accept, probe_every=args.probe_every)
+                           min_expected_accept=args.min_expected_accept, probe_every=args.probe_every,
+                           min_best_gain=args.min_best_gain)
     out = {"plain": (Generator(model, tok), None)}
     wanted = [("ngram", args.ngram_k, args.ngram), ("draft", args.draft_k, args.draft),
               ("medusa", args.medusa_k, args.medusa), ("eagle", args.eagle_k, args.eagle)]
@@ -123,6 +124,8 @@ def main() -> None:
     ap.add_argument("--no-adaptive", action="store_true", help="speculate every round (tau of the drafter alone)")
     ap.add_argument("--min-expected-accept", type=float, default=2.0)
     ap.add_argument("--probe-every", type=int, default=16, help="costly drafters: probe after this many plain rounds")
+    ap.add_argument("--min-best-gain", type=float, default=1.5,
+                    help="speculation off when a fully accepted round would gain less (0: never off)")
     args = ap.parse_args()
     runs = {m: Path(p) for m, p in (("draft", args.draft), ("medusa", args.medusa), ("eagle", args.eagle)) if p}
     if not runs and not args.ngram:

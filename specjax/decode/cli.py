@@ -58,6 +58,7 @@ class DecodeOptions:
     spec_probe_every: int = 16  # costly drafters: a probe (one draft, no verify) after this many plain rounds
     spec_max_probe_every: int = 256  # ... a gap that doubles after each probe, up to this
     spec_verify_cost: float | None = None  # a speculative round's cost in plain rounds (None: estimated)
+    spec_min_best_gain: float = 1.5  # speculation off when a fully accepted round would gain less (0: never off)
     draft_model: str | None = None
     draft_checkpoint: str | None = None
     eagle_depth: int = 4
@@ -141,6 +142,7 @@ def spec_config(opts: DecodeOptions):
                       layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
                       probe_every=opts.spec_probe_every,
                       max_probe_every=opts.spec_max_probe_every, verify_cost=opts.spec_verify_cost,
+                      min_best_gain=opts.spec_min_best_gain,
                       draft_model=opts.draft_model, draft_vocab=opts.draft_vocab,
                       draft_vocab_corpus=opts.draft_vocab_corpus, draft_checkpoint=opts.draft_checkpoint,
                       eagle_depth=opts.eagle_depth, eagle_top_k=opts.eagle_top_k)

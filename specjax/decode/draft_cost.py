@@ -2,54 +2,64 @@
 
 A speculative round pays the verify forward (`spec_rounds.estimated_verify_cost`) plus the draft. A
 network drafter's draft is not free next to the target: a layer-skip draft step runs N of the
-target's layers and its 262,144-row head, which alone is ~60% of a Gemma 3 270M step. The policy
+target's layers and its 262,144-row head, which alone is ~30% of a Gemma 3 270M step. The policy
 (`spec_rounds.Adaptive.bar`) adds this estimate to the verify cost, so that a drafter speculates only
 when its expected accepted tokens pay for both.
 
-The model: decoding one token is memory-bound, so a forward costs about the parameters it reads. A
-draft step that reads P parameters costs STEP_FIXED + (1 - STEP_FIXED) * P / P_target of a plain step,
-where STEP_FIXED is the per-step overhead that does not shrink with the network (dispatch, sampling,
-cache update; measured, see docs/performance.md "draft cost"). Drafters declare their per-round cost
-with a `draft_cost(model, draft_params, k)` method built from `step_fraction`; a costly drafter that
-declares none is charged `UNDECLARED_STEP` per draft token.
+The model: decoding one token is memory-bound, so a forward costs about the bytes of weights it reads
+— bytes, not parameters: the loaded Gemma head is an int8 copy (~1.1 B per weight, quant.py) while
+the blocks are float32 (4 B), so a block costs ~1.8x its parameter share. A draft step that reads
+W bytes costs STEP_FIXED + (1 - STEP_FIXED) * W / W_target of a plain step, where STEP_FIXED is the
+per-step overhead that does not shrink with the network (dispatch, sampling, cache update). Fitted
+to `benchmarks/model_drafters.py --profile` (docs/performance.md, "Draft cost"): within ~4% for
+early exits after 2-15 layers through the full or a 32k-row head. Drafters declare their per-round
+cost with a `draft_cost(model, draft_params, k)` method built from `step_fraction`; a costly drafter
+that declares none is charged `UNDECLARED_STEP` per draft token.
 """
 
 from __future__ import annotations
 
 import jax
+import numpy as np
+from flax import nnx
 
 from specjax.decode.drafters import is_cheap
 
-STEP_FIXED = 0.1
+STEP_FIXED = 0.03
 UNDECLARED_STEP = 0.5
 
 
-def layer_params(cfg) -> int:
-    """Parameters of one decoder block of a model config (attention projections + gated MLP)."""
-    d, h = cfg.d_model, cfg.head_dim
-    attention = d * h * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)  # q and o, k and v
-    return attention + 3 * d * cfg.ffn_dim
+def nbytes(tree) -> int:
+    """Bytes of the arrays in a pytree or nnx module (shapes and dtypes only: abstract arrays work)."""
+    if isinstance(tree, nnx.Module):
+        tree = nnx.state(tree)
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def target_params(cfg) -> int:
-    """Parameters a plain target step reads: every block and the vocabulary-wide head."""
-    return cfg.n_layers * layer_params(cfg) + cfg.vocab_size * cfg.d_model
+def head_bytes(model, table=None) -> int:
+    """Bytes one head product reads: a reduced `draft_vocab.HeadTable`'s rows, else `model`'s own head
+    (its exact int8 copy when the GGUF loader attached one, as plain steps use it; else the table)."""
+    if table is not None:
+        return nbytes(table.table_nd)
+    if model.head_quant is not None:
+        return nbytes(model.head_quant)
+    return nbytes(model.embed if model.head is None else model.head)
 
 
-def step_fraction(target_cfg, params_read: int) -> float:
-    """Cost of a draft forward that reads `params_read` parameters, as a fraction of a target step."""
-    return STEP_FIXED + (1.0 - STEP_FIXED) * params_read / target_params(target_cfg)
+def blocks_bytes(model, layers=None) -> int:
+    """Bytes of `model`'s decoder blocks (the given layer indices, else all)."""
+    layers = range(len(model.blocks)) if layers is None else layers
+    return sum(nbytes(model.blocks[i]) for i in layers)
 
 
-def param_count(tree) -> int:
-    """Parameters in a pytree of arrays (a head module's weights)."""
-    return sum(x.size for x in jax.tree.leaves(tree))
+def target_bytes(model) -> int:
+    """Bytes a plain target step reads: every block and the vocabulary-wide head."""
+    return blocks_bytes(model) + head_bytes(model)
 
 
-def head_rows(table, vocab_size: int) -> int:
-    """Rows of the head a draft step multiplies: those of a reduced `draft_vocab.HeadTable`, else the
-    target's whole vocabulary (table None)."""
-    return vocab_size if table is None else int(table.table_nd.shape[0])
+def step_fraction(model, bytes_read: int) -> float:
+    """Cost of a draft forward that reads `bytes_read` bytes of weights, as a fraction of a target step."""
+    return STEP_FIXED + (1.0 - STEP_FIXED) * bytes_read / target_bytes(model)
 
 
 def max_accept(drafter, k: int) -> int:

@@ -100,10 +100,9 @@ class DraftModelDrafter:
 
     def draft_cost(self, model, draft_params: DraftModelParams, k: int) -> float:
         """k steps of the draft model (its blocks and head), in target steps (`draft_cost`)."""
-        dcfg = self._model(draft_params).cfg
-        head = cost.head_rows(draft_params.head, dcfg.vocab_size) * dcfg.d_model
-        read = dcfg.n_layers * cost.layer_params(dcfg) + head
-        return k * cost.step_fraction(model.cfg, read)
+        draft = self._model(draft_params)
+        read = cost.blocks_bytes(draft) + cost.head_bytes(draft, draft_params.head)
+        return k * cost.step_fraction(model, read)
 
     def propose(self, model, draft_params: DraftModelParams, state, k: int) -> tuple[Draft, KVCache]:
         draft = self._model(draft_params)

@@ -127,10 +127,9 @@ class EagleDrafter:
     def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
         """The root's head product, then depth - 1 passes of the head layer with a head product each
         (the tree budget k only selects among their candidates), in target steps (`draft_cost`)."""
-        cfg = model.cfg
-        head = cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model
-        layer = cost.param_count(draft_params.weights)
-        return cost.step_fraction(cfg, head) + (self.depth - 1) * cost.step_fraction(cfg, layer + head)
+        head = cost.head_bytes(model, draft_params.vocab)
+        layer = cost.nbytes(draft_params.weights)
+        return cost.step_fraction(model, head) + (self.depth - 1) * cost.step_fraction(model, layer + head)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, EagleState]:
         """A k-node EAGLE-2 tree per row, grown from the root feature (see the module docstring)."""

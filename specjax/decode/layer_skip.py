@@ -73,10 +73,9 @@ class LayerSkipDrafter(StatelessDrafter):
 
     def draft_cost(self, model, draft_params, k: int) -> float:
         """k steps through the kept layers and the (reduced or full) head, in target steps (`draft_cost`)."""
-        cfg = model.cfg
         head = draft_params if isinstance(draft_params, HeadTable) else None
-        read = len(self.layers) * cost.layer_params(cfg) + cost.head_rows(head, cfg.vocab_size) * cfg.d_model
-        return k * cost.step_fraction(cfg, read)
+        read = cost.blocks_bytes(model, self.layers) + cost.head_bytes(model, head)
+        return k * cost.step_fraction(model, read)
 
     def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]:
         self.check(model)

@@ -83,9 +83,8 @@ class MedusaDrafter:
     def draft_cost(self, model, draft_params: HeadParams, k: int) -> float:
         """One pass of every head's residual blocks and one head product (the heads share the table's
         read), in target steps (`draft_cost`); the tree's k nodes are picked from those logits."""
-        cfg = model.cfg
-        read = cost.param_count(draft_params.weights)
-        return cost.step_fraction(cfg, read + cost.head_rows(draft_params.vocab, cfg.vocab_size) * cfg.d_model)
+        read = cost.nbytes(draft_params.weights) + cost.head_bytes(model, draft_params.vocab)
+        return cost.step_fraction(model, read)
 
     def propose(self, model, draft_params: HeadParams, state, k: int) -> tuple[Draft, MedusaState]:
         """The static tree filled with each head's top-k tokens."""

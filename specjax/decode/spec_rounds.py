@@ -83,7 +83,7 @@ class Adaptive:
     probe_every: int = 16
     max_probe_every: int = 256
     verify_cost: float | None = None
-    min_best_gain: float = 1.25
+    min_best_gain: float = 1.5
 
     def threshold(self, k: int) -> float:
         """The floor of the bar: min_expected_accept capped at 3/4 of k."""

@@ -146,11 +146,12 @@ class SpecConfig:
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds while the batch's drafts are not expected to pay
         for a verify round (`spec_rounds.Adaptive`); False speculates every round.
-      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost: the adaptive policy
-        (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft model, Medusa,
-        EAGLE) is how many plain rounds pass before a probe re-measures the drafts, a gap that doubles
-        after each probe up to max_probe_every while speculating does not pay; verify_cost (None:
-        estimated) is a speculative round's cost in plain rounds, drafting included.
+      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost, min_best_gain: the
+        adaptive policy (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft
+        model, Medusa, EAGLE) is how many plain rounds pass before a probe re-measures the drafts, a gap
+        that doubles after each probe up to max_probe_every while speculating does not pay; verify_cost
+        (None: estimated) is a speculative round's cost in plain rounds, drafting included; speculation
+        is off (plain decoding) when a fully accepted round would gain less than min_best_gain.
       method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
         or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
         `spec_methods.build_drafter`.
@@ -173,6 +174,7 @@ class SpecConfig:
     probe_every: int = Adaptive.probe_every
     max_probe_every: int = Adaptive.max_probe_every
     verify_cost: float | None = None
+    min_best_gain: float = Adaptive.min_best_gain
     method: str = "ngram"
     layers: int | tuple[int, ...] = 4
     draft_model: str | None = None
@@ -199,6 +201,10 @@ class SpecConfig:
         if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
             raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
                                   f"got {self.verify_cost!r}")
+        if isinstance(self.min_best_gain, bool) or not isinstance(self.min_best_gain, (int, float)) or \
+                self.min_best_gain < 0:
+            raise GenerationError(f"min_best_gain must be a number >= 0 (0: never switch speculation off), "
+                                  f"got {self.min_best_gain!r}")
         from specjax.decode.spec_methods import check_spec
 
         check_spec(self)  # the drafter options
@@ -210,7 +216,7 @@ class SpecConfig:
         cost = None if self.verify_cost is None else float(self.verify_cost)
         return Adaptive(min_expected_accept=float(self.min_expected_accept), ema_weight=float(self.ema_weight),
                         probe_every=self.probe_every, max_probe_every=self.max_probe_every,
-                        verify_cost=cost)
+                        verify_cost=cost, min_best_gain=float(self.min_best_gain))
 
 
 @dataclasses.dataclass

@@ -1,6 +1,5 @@
 """Draft costs (`draft_cost.py`) and the adaptive bar that adds them to the verify cost."""
 
-import types
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +21,40 @@ from specjax.models.config import gemma3_270m
 from specjax.models.draft_vocab import HeadTable
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads
+from specjax.models.quant import BlockQuant
 from specjax.models.transformer import Transformer
 
-GEMMA = types.SimpleNamespace(cfg=gemma3_270m())  # draft_cost reads the target's config only
+
+def abstract_gemma() -> Transformer:
+    """Gemma 3 270M as the GGUF loader builds it (float32 blocks, an int8 copy of the Q8_0 head with a
+    scale per 32), shapes only: draft costs read shapes and dtypes, nothing is computed."""
+    cfg = gemma3_270m()
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model.head_quant = nnx.eval_shape(lambda: BlockQuant(jnp.zeros((cfg.vocab_size, cfg.d_model), jnp.int8),
+                                                         jnp.zeros((cfg.vocab_size, cfg.d_model // 32))))
+    return model
+
+
+GEMMA = abstract_gemma()
 
 
 def test_the_whole_target_costs_one_step():
-    cfg = GEMMA.cfg
-    assert cost.step_fraction(cfg, cost.target_params(cfg)) == pytest.approx(1.0)
-    assert cost.step_fraction(cfg, 0) == cost.STEP_FIXED
-    # Gemma 3 270M: the 262,144 x 640 head is most of what a step reads.
-    assert cfg.vocab_size * cfg.d_model / cost.target_params(cfg) > 0.6
+    assert cost.step_fraction(GEMMA, cost.target_bytes(GEMMA)) == pytest.approx(1.0)
+    assert cost.step_fraction(GEMMA, 0) == cost.STEP_FIXED
+    # Bytes, not parameters: the 262,144 x 640 head holds 62% of the weights but, read as int8 with a
+    # float32 scale per 32, is ~32% of a step's bytes; each float32 block is ~3.8%.
+    assert cost.head_bytes(GEMMA) / cost.target_bytes(GEMMA) == pytest.approx(0.32, abs=0.01)
+    assert cost.blocks_bytes(GEMMA, [0]) / cost.target_bytes(GEMMA) == pytest.approx(0.038, abs=0.002)
+
+
+def test_the_estimate_matches_measured_draft_steps():
+    """Early exits vs `benchmarks/model_drafters.py --profile` (quiet, 2026-12-01, docs/performance.md):
+    N layers through the full int8 head or a 32k-row float32 head, as fractions of a plain step."""
+    big = HeadTable(table_nd=jax.ShapeDtypeStruct((32_768, GEMMA.cfg.d_model), jnp.float32))
+    measured = {(2, None): 0.42, (6, None): 0.58, (12, None): 0.80, (15, None): 0.92,
+                (2, big): 0.23, (6, big): 0.38, (12, big): 0.61, (15, big): 0.71}
+    for (n, head), seen in measured.items():
+        assert LayerSkipDrafter.early_exit(n).draft_cost(GEMMA, head, 1) == pytest.approx(seen, abs=0.04), (n, head)
 
 
 def test_layer_skip_cost_grows_with_layers_and_head_rows():
@@ -44,8 +66,7 @@ def test_layer_skip_cost_grows_with_layers_and_head_rows():
     # A 16k-row reduced head is a fraction of the full one (only the table's shape is read).
     small = HeadTable(table_nd=jax.ShapeDtypeStruct((16_384, GEMMA.cfg.d_model), jnp.float32))
     assert LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, small, 4) < shallow
-    assert cost.head_rows(small, GEMMA.cfg.vocab_size) == 16_384
-    assert cost.head_rows(None, GEMMA.cfg.vocab_size) == GEMMA.cfg.vocab_size
+    assert cost.head_bytes(GEMMA, small) == 16_384 * GEMMA.cfg.d_model * 4
 
 
 def test_reduced_head_lowers_a_real_layer_skip_cost(tiny_model):
@@ -65,7 +86,7 @@ def test_a_draft_model_equal_to_the_target_costs_k_steps(tiny_model):
 def test_head_drafters_cost_one_pass_or_one_per_depth(tiny_model):
     medusa, params = MedusaDrafter.build(MedusaHeads(MedusaConfig(d_model=32, n_heads=4)), tiny_model,
                                          StaticTree.chain(4))
-    per_head = cost.step_fraction(tiny_model.cfg, 32 * 32 + 32 + 64 * 32)
+    per_head = cost.step_fraction(tiny_model, 4 * (32 * 32 + 32 + 64 * 32))
     assert per_head < medusa.draft_cost(tiny_model, params, 4) < 4 * per_head  # one pass, not k
     head = EagleHead(EagleConfig.from_target(tiny_config()), rngs=nnx.Rngs(7))
     shallow, params = EagleDrafter.build(head, tiny_model, depth=2, top_k=2)
@@ -87,17 +108,22 @@ def test_the_bar_adds_the_draft_cost_unless_the_round_cost_is_given():
     assert Adaptive(verify_cost=1.5).bar(1, 4, True, draft_cost=2.5) == 2.0  # verify_cost covers the round
 
 
-def test_full_head_layer_skip_is_switched_off_on_cpu_but_a_16k_head_is_not():
+def test_deep_layer_skip_is_switched_off_on_cpu_but_a_shallow_small_head_is_not():
     """Gemma 3 270M, batch 1, k = 4, XLA:CPU estimates: early exit after 4 layers through the full head
-    costs ~0.74 of a plain step per draft token, so even 5 accepted tokens cannot gain 1.25x; with a
-    16k-row head after 12 layers the best round gains ~1.5x and the policy probes."""
+    costs ~0.49 of a plain step per draft token (a round ~3.7 steps), after 12 layers through a 16k head
+    ~0.54 (~4.0): 5 accepted tokens gain < 1.5x, so both are off. After 2 layers through a 16k head
+    (~0.17 per token) the best round gains ~2x and the policy probes."""
     policy, k = Adaptive(), 4
-    full = LayerSkipDrafter.early_exit(4).draft_cost(GEMMA, (), k)
-    assert policy.off(1, k, True, full, k) and "speculation off at batch 1" in policy.off_note(1, k, True, full, k)
     small = HeadTable(table_nd=jax.ShapeDtypeStruct((16_384, GEMMA.cfg.d_model), jnp.float32),
                       ids_n=jax.ShapeDtypeStruct((16_384,), jnp.int32))  # shapes only: nothing is computed
-    reduced = LayerSkipDrafter.early_exit(12).draft_cost(GEMMA, small, k)
-    assert not policy.off(1, k, True, reduced, k) and policy.off_note(1, k, True, reduced, k) == ""
+    for n, head in ((4, ()), (12, small)):
+        cost_ = LayerSkipDrafter.early_exit(n).draft_cost(GEMMA, head, k)
+        assert 1.25 < (k + 1) / policy.round_cost(1, k, True, cost_) < 1.5
+        assert policy.off(1, k, True, cost_, k)
+        assert "speculation off at batch 1" in policy.off_note(1, k, True, cost_, k)
+        assert not Adaptive(min_best_gain=1.25).off(1, k, True, cost_, k)
+    shallow = LayerSkipDrafter.early_exit(2).draft_cost(GEMMA, small, k)
+    assert not policy.off(1, k, True, shallow, k) and policy.off_note(1, k, True, shallow, k) == ""
     assert not policy.off(1, k, True, 0.0, k)  # n-gram: free drafts
 
 

@@ -131,7 +131,8 @@ def test_one_grammar_for_all_rows_and_sampling_varies(plain):
 # The layer-skip drafter is costly: under the adaptive policy it drafts (and its drafts are cut by the
 # grammar) in speculative rounds only, with plain and probe rounds in between.
 @pytest.mark.parametrize("spec_cfg", [SpecConfig(k=4, adaptive=False),
-                                      pytest.param(SpecConfig(k=4, method="layerskip", layers=2, probe_every=2),
+                                      pytest.param(SpecConfig(k=4, method="layerskip", layers=2, probe_every=2,
+                                                              min_best_gain=0),
                                                    marks=pytest.mark.slow)],
                          ids=["ngram", "layerskip-adaptive"])
 @pytest.mark.parametrize("batch_size", [pytest.param(1, marks=pytest.mark.slow), 3])

@@ -58,7 +58,9 @@ def test_layer_subset_reduced_vocab_and_confidence_greedy_equals_plain_batch1(ti
 def test_eos_inside_an_accepted_block():
     # The bigram model's layers add nothing, so its first layer alone drafts perfectly (see test_speculative).
     gen = SpeculativeGenerator(bigram_model(EOS), TOK, drafter=LayerSkipDrafter.early_exit(1))
-    out, stats = gen.generate(BIGRAM_PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=3), SpecConfig(k=K))
+    # adaptive=False: every round speculates (under the policy, a costly drafter's round 0 is a probe).
+    out, stats = gen.generate(BIGRAM_PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=3),
+                              SpecConfig(k=K, adaptive=False))
     assert out[0].finish_reason == "eos" and out[0].tokens == oracle(BIGRAM_PROMPTS[0], 2)
     for p, o in zip(BIGRAM_PROMPTS[1:], out[1:], strict=True):
         assert o.finish_reason == "length" and o.tokens == oracle(p, 16)

@@ -63,6 +63,9 @@ def test_probe_every_must_be_a_positive_integer():
     assert SpecConfig(probe_every=5).policy().probe_every == 5
     with pytest.raises(GenerationError, match=r"max_probe_every must be an integer >= probe_every \(32\), got 16"):
         SpecConfig(probe_every=32, max_probe_every=16)
+    with pytest.raises(GenerationError, match=r"min_best_gain must be a number >= 0 \(0: never switch .*\), got -1"):
+        SpecConfig(min_best_gain=-1)
+    assert SpecConfig(min_best_gain=0).policy().min_best_gain == 0.0
 
 
 def probe_rounds(n: int, every: int, max_every: int) -> list[int]:
@@ -223,7 +226,9 @@ def test_speculation_off_when_even_perfect_drafts_cannot_pay(tiny_model):
     gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
     spec = SpecConfig(k=K, verify_cost=10.0)
     assert spec.policy().off(4, K, True, 0.0, K)
-    assert not SpecConfig(k=K, verify_cost=3.9).policy().off(4, K, True, 0.0, K)  # 5 tokens >= 1.25 x 3.9
+    assert not SpecConfig(k=K, verify_cost=3.3).policy().off(4, K, True, 0.0, K)  # 5 tokens >= 1.5 x 3.3
+    assert SpecConfig(k=K, verify_cost=3.9).policy().off(4, K, True, 0.0, K)
+    assert not SpecConfig(k=K, verify_cost=3.9, min_best_gain=1.25).policy().off(4, K, True, 0.0, K)
     out, stats = gen.generate(PROMPTS, cfg, spec)  # runs plain decoding's program
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert stats.plain_rate == 1.0 and "speculation off at batch 4: a round would cost ~10.0 plain steps for at " \

@@ -151,7 +151,8 @@ def test_a_misshapen_draft_is_one_clear_error(tiny_model):
                                draft_params=jnp.zeros((1, 8), jnp.int32))
     with pytest.raises(GenerationError, match=r"BadTreeDrafter proposed Draft.parent_bk of shape \(1, 13\); "
                                               r"the loop needs \(1, 14\)"):
-        gen.generate(["ab"], GenerateConfig(max_new_tokens=8, batch_size=1), SpecConfig(k=K))
+        # min_best_gain=0: a 14-node tree's verify forward would switch speculation off (never drafting).
+        gen.generate(["ab"], GenerateConfig(max_new_tokens=8, batch_size=1), SpecConfig(k=K, min_best_gain=0))
 
 
 @pytest.mark.slow

@@ -284,6 +284,7 @@ class SpeculativeGenerator(Generator):
         # On a mesh (`Generator`), the drafter's weights are copied to every device.
         self.draft_params = draft_params if self.mesh_plan is None else self.mesh_plan.replicate(draft_params)
         self._drafters = {}  # drafter options -> (drafter, draft_params) built for them (when drafter is None)
+        self._draft_costs = {}  # (drafter, id(draft_params), k) -> draft_cost (walks the weights: ~20 ms)
 
     def generate(
         self,
@@ -318,7 +319,10 @@ class SpeculativeGenerator(Generator):
         policy = spec.policy()
         if policy is None:
             return False
-        cost = draft_cost(drafter, self.model, draft_params, spec.k)
+        key = (drafter, id(draft_params), spec.k)  # draft_params stay alive in self (_drafters or draft_params)
+        if key not in self._draft_costs:
+            self._draft_costs[key] = draft_cost(drafter, self.model, draft_params, spec.k)
+        cost = self._draft_costs[key]
         note = policy.off_note(b, spec.k, greedy, cost, max_accept(drafter, spec.k))
         if note and note not in self._notes:
             self._notes.append(note)

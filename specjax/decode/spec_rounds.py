@@ -108,7 +108,8 @@ class Adaptive:
             return ""
         cost = self.round_cost(b, k, greedy, draft_cost)
         return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
-                f"{max_accept + 1} tokens (set verify_cost / spec_verify_cost to override)")
+                f"{max_accept + 1} tokens, a best case below {self.min_best_gain:g}x (override: min_best_gain / "
+                f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
 
 
 def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:

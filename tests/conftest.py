@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 from flax import nnx
@@ -16,6 +18,30 @@ def _release_compiled_programs():
     session that keeps them all passes Linux's default 65,530 (`Generator.release_programs`)."""
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_gguf_parse_per_file():
+    """Parses each GGUF file once per session: gguf-py's `GGUFReader` takes 10-18 s on the embedded model
+    (it wraps each of the 262,144 token strings in numpy views), and specjax's loader, the quantisation
+    tests and HF transformers (twice for a model, once for a tokenizer) would otherwise each parse it
+    again. A reader is read-only; a file that changes (size or mtime) is parsed afresh."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def shared_reader(path, mode="r"):
+        if mode != "r":
+            return original(path, mode)
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    yield
+    gguf.GGUFReader = original
 
 
 def tiny_config(**changes) -> ModelConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
@@ -42,6 +43,26 @@ def _one_gguf_parse_per_file():
     gguf.GGUFReader = shared_reader
     yield
     gguf.GGUFReader = original
+
+
+# Jitted calls for reference computations in tests: run eagerly, every op of a forward compiles on its own
+# (100-350 small XLA compilations per test, most of its time); jitted, each shape compiles once.
+@nnx.jit
+def forward(model, tokens_bt, positions_bt, cache=None, start_b=None):
+    """`model(tokens_bt, positions_bt, cache, start_b)`, jitted: (hidden [B, T, D], cache)."""
+    return model(tokens_bt, positions_bt, cache, start_b)
+
+
+@nnx.jit
+def logits_of(model, hidden_btd):
+    """`model.logits(hidden_btd)`, jitted."""
+    return model.logits(hidden_btd)
+
+
+def full_logits(model, tokens_bt):
+    """Uncached logits [B, T, V] of every position, jitted."""
+    b, t = tokens_bt.shape
+    return logits_of(model, forward(model, tokens_bt, jnp.broadcast_to(jnp.arange(t), (b, t)))[0])
 
 
 def tiny_config(**changes) -> ModelConfig:

@@ -7,6 +7,7 @@ drafts from the target's own cache — same tokens, hence the same rounds and ac
 same output — also when adaptive drafting skips `propose` for runs of plain rounds.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -88,9 +89,13 @@ def test_sampled_draft_q_is_what_the_tokens_were_drawn_from(tiny_model):
 
     def init(state):
         t = int(state.pos_b[0])
-        return drafter.init(tiny_model, params, Prefill(tokens_bt=state.hist_bl[:, :t], len_b=state.pos_b,
-                                                         hidden_btd=None, first_b=state.last_b,
-                                                         num_slots=state.cache.num_slots))
+
+        @jax.jit  # eagerly, each op of the 2000-row draft prefill would compile on its own
+        def prefill(p, hist_bl, pos_b, last_b):
+            return drafter.init(tiny_model, p, Prefill(tokens_bt=hist_bl[:, :t], len_b=pos_b, hidden_btd=None,
+                                                       first_b=last_b, num_slots=state.cache.num_slots))
+
+        return prefill(params, state.hist_bl, state.pos_b, state.last_b)
 
     check_sampled_draft(drafter, params, tiny_model, draft, KEPT, init=init)
 

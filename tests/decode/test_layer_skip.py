@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ByteTokenizer
-from flax import struct
+from conftest import ByteTokenizer, full_logits
+from flax import nnx, struct
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
 from specjax.decode.draft_model import slice_model
@@ -104,7 +104,9 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
     t = len(ids)
     cache = model.init_cache(rows, t + 8)
     tokens_bt = jnp.broadcast_to(jnp.asarray(ids), (rows, t))
-    _, cache = model(tokens_bt, jnp.broadcast_to(jnp.arange(t), (rows, t)), cache, jnp.zeros((rows,), jnp.int32))
+    # Jitted: run eagerly, every op of the 2000-row forward compiles on its own (seconds of XLA).
+    _, cache = nnx.jit(lambda m, *a: m(*a))(model, tokens_bt, jnp.broadcast_to(jnp.arange(t), (rows, t)), cache,
+                                            jnp.zeros((rows,), jnp.int32))
     hist_bl = jnp.zeros((rows, t + 8), jnp.int32).at[:, :t].set(tokens_bt).at[:, t].set(last)
     return LoopView(
         cache=cache, hist_bl=hist_bl, last_b=jnp.full((rows,), last, jnp.int32), pos_b=jnp.full((rows,), t, jnp.int32),
@@ -116,8 +118,12 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
 def reference_q(ref_model, context_bt, kept, temperature, top_p):
     """The draft distribution from an uncached forward of the reference model, over the kept ids [B, N]."""
     b, t = context_bt.shape
-    hidden = ref_model(jnp.asarray(context_bt), jnp.broadcast_to(jnp.arange(t), (b, t)))[0][:, -1:]
-    logits_bn = ref_model.logits(hidden)[:, 0][:, kept]
+
+    @nnx.jit
+    def last_logits(m, tokens_bt):
+        return m.logits(m(tokens_bt, jnp.broadcast_to(jnp.arange(t), (b, t)))[0][:, -1:])[:, 0]
+
+    logits_bn = last_logits(ref_model, jnp.asarray(context_bt))[:, kept]
     return np.asarray(jax.nn.softmax(filter_logits(logits_bn, temperature, 0, top_p), axis=-1))
 
 
@@ -186,8 +192,8 @@ def first_tokens_joint_test(gen, model, spec, n=2048):
     ids = TOK.encode(prompt)
 
     def law(ctx_bt):
-        hidden = model(jnp.asarray(ctx_bt), jnp.broadcast_to(jnp.arange(ctx_bt.shape[1]), ctx_bt.shape))[0][:, -1:]
-        return np.asarray(jax.nn.softmax(filter_logits(model.logits(hidden)[:, 0], 1.0, 3, 1.0), axis=-1))
+        logits_v = full_logits(model, jnp.asarray(ctx_bt))[:, -1]
+        return np.asarray(jax.nn.softmax(filter_logits(logits_v, 1.0, 3, 1.0), axis=-1))
 
     p1 = law(np.array([ids]))[0]
     joint, cells = {}, []

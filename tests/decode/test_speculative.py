@@ -13,7 +13,7 @@ Two models:
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ByteTokenizer, tiny_config
+from conftest import ByteTokenizer, forward, full_logits, tiny_config
 from flax import nnx
 
 from specjax.decode.drafters import NgramDrafter, ngram_propose
@@ -109,11 +109,11 @@ def bigram_model(eos: int) -> Transformer:
         if name.endswith(("attn.o.w", "mlp.down.w")):
             w[name] = np.zeros_like(w[name])
     model = build_model(cfg, w)
-    hidden_vd = np.asarray(model(jnp.arange(64)[:, None], jnp.zeros((64, 1), jnp.int32))[0][:, 0])
+    hidden_vd = np.asarray(forward(model, jnp.arange(64)[:, None], jnp.zeros((64, 1), jnp.int32))[0][:, 0])
     head = np.zeros_like(w["head"])
     head[PERM] = hidden_vd / np.linalg.norm(hidden_vd, axis=1, keepdims=True)
     model = build_model(cfg, {**w, "head": head})
-    next_v = np.asarray(jnp.argmax(model.logits(model(jnp.arange(64)[:, None], jnp.zeros((64, 1), jnp.int32))[0]), -1))
+    next_v = np.asarray(jnp.argmax(full_logits(model, jnp.arange(64)[:, None]), -1))
     assert (next_v[:, 0] == PERM).all(), "the bigram construction failed"
     return model
 

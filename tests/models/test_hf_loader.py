@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from conftest import forward, full_logits, logits_of
 from safetensors.torch import load_file, save_file
 from transformers import (
     Gemma3Config,
@@ -80,8 +81,7 @@ def _hf_logits(model: torch.nn.Module, tokens: np.ndarray) -> np.ndarray:
 
 
 def _our_logits(m, tokens: np.ndarray) -> np.ndarray:
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    return np.asarray(m.logits(m(jnp.asarray(tokens), positions)[0]))
+    return np.asarray(full_logits(m, jnp.asarray(tokens)))
 
 
 def _save(model, path, **kw):
@@ -165,12 +165,12 @@ def test_gemma3_cached_decoding_matches_full_forward(tmp_path):
     b, prefill = tokens.shape[0], 5
     cache = m.init_cache(b, 24)
     positions = jnp.broadcast_to(jnp.arange(prefill), (b, prefill))
-    hidden, cache = m(jnp.asarray(tokens[:, :prefill]), positions, cache, jnp.zeros((b,), jnp.int32))
-    steps = [np.asarray(m.logits(hidden))]
+    hidden, cache = forward(m, jnp.asarray(tokens[:, :prefill]), positions, cache, jnp.zeros((b,), jnp.int32))
+    steps = [np.asarray(logits_of(m, hidden))]
     for p in range(prefill, T):  # well past the window of 4
         pos = jnp.full((b, 1), p, jnp.int32)
-        hidden, cache = m(jnp.asarray(tokens[:, p:p + 1]), pos, cache, jnp.full((b,), p, jnp.int32))
-        steps.append(np.asarray(m.logits(hidden)))
+        hidden, cache = forward(m, jnp.asarray(tokens[:, p:p + 1]), pos, cache, jnp.full((b,), p, jnp.int32))
+        steps.append(np.asarray(logits_of(m, hidden)))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=0, atol=ATOL)
 
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import forward, full_logits, logits_of, tiny_config
 from flax import nnx
 
 from specjax.models.config import ConfigError, gemma3_270m
@@ -14,24 +14,18 @@ from specjax.models.params import param_shapes
 TOL = 2e-5  # float32; the two paths sum attention over different (masked) lengths
 
 
-def full_logits(model, tokens_bt):
-    b, t = tokens_bt.shape
-    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
-    return model.logits(model(tokens_bt, pos)[0])
-
-
 @pytest.mark.parametrize("prefill", [1, 3, 9])
 def test_cached_decoding_matches_full_forward_past_the_window(tiny_model, prefill):
     tokens = jax.random.randint(jax.random.key(1), (2, 14), 0, 64)
     ref = full_logits(tiny_model, tokens)
     cache = tiny_model.init_cache(2, 20)
     pos = jnp.broadcast_to(jnp.arange(prefill), (2, prefill))
-    h, cache = tiny_model(tokens[:, :prefill], pos, cache, jnp.zeros((2,), jnp.int32))
-    outs = [tiny_model.logits(h)]
+    h, cache = forward(tiny_model, tokens[:, :prefill], pos, cache, jnp.zeros((2,), jnp.int32))
+    outs = [logits_of(tiny_model, h)]
     for i in range(prefill, 14):
         p = jnp.full((2, 1), i, jnp.int32)
-        h, cache = tiny_model(tokens[:, i:i + 1], p, cache, p[:, 0])
-        outs.append(tiny_model.logits(h))
+        h, cache = forward(tiny_model, tokens[:, i:i + 1], p, cache, p[:, 0])
+        outs.append(logits_of(tiny_model, h))
     np.testing.assert_allclose(jnp.concatenate(outs, 1), ref, atol=TOL)
 
 
@@ -43,12 +37,12 @@ def test_multi_token_block_after_cache_and_ragged_rows(tiny_model):
     cache = tiny_model.init_cache(2, 16)
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
     # Prefill everything, then rewrite from each row's length: stale slots must not leak.
-    _, cache = tiny_model(jnp.zeros_like(tokens), pos, cache, jnp.zeros((2,), jnp.int32))
-    _, cache = tiny_model(tokens[:, :8], pos[:, :8], cache, jnp.zeros((2,), jnp.int32))
+    _, cache = forward(tiny_model, jnp.zeros_like(tokens), pos, cache, jnp.zeros((2,), jnp.int32))
+    _, cache = forward(tiny_model, tokens[:, :8], pos[:, :8], cache, jnp.zeros((2,), jnp.int32))
     block = jnp.stack([tokens[0, 5:8], tokens[1, 8:11]])
     bpos = lens[:, None] + jnp.arange(3)
-    h, _ = tiny_model(block, bpos, cache, lens)
-    got = tiny_model.logits(h)
+    h, _ = forward(tiny_model, block, bpos, cache, lens)
+    got = logits_of(tiny_model, h)
     np.testing.assert_allclose(got[0], ref[0, 5:8], atol=TOL)
     np.testing.assert_allclose(got[1], ref[1, 8:11], atol=TOL)
 

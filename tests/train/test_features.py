@@ -17,7 +17,8 @@ from specjax.train.trainer import prepare, uses_feature_cache
 def _loss_and_grads(task, rows, compute_dtype=None):
     batch = {k: jnp.asarray(v[:8]) for k, v in rows.arrays().items()}
     eval_fn = make_eval_step(task.loss_fn, compute_dtype)
-    sums, grads = jax.value_and_grad(lambda p: eval_fn(p, task.frozen, batch)["loss"])(task.params)
+    # Jitted: run eagerly, each op of the forward and its gradient compiles on its own.
+    sums, grads = jax.jit(jax.value_and_grad(lambda p, f, b: eval_fn(p, f, b)["loss"]))(task.params, task.frozen, batch)
     return float(sums), grads
 
 

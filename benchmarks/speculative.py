@@ -181,8 +181,9 @@ def peer_rows(tok, sets: dict[str, dict[str, str]], args, model, spec_best: str)
             "HF prompt lookup (10)": lambda i, ids=ids: hf_run(ids[i], prompt_lookup_num_tokens=10),
             "llama.cpp greedy": lambda i, ids=ids: lcpp_run(ids[i]),
         }
-        for fn in setups.values():  # warm-up / compile on the first prompt
-            fn(0)
+        for name, fn in setups.items():  # warm-up; specjax compiles once per prompt-length bucket: every prompt
+            for i in range(len(texts) if name.startswith("specjax") else 1):
+                fn(i)
         times = {s: [] for s in setups}
         tokens = {s: [] for s in setups}
         for rep in range(args.reps):

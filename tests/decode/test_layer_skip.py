@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ByteTokenizer, full_logits
-from flax import nnx, struct
+from conftest import ByteTokenizer, forward, full_logits
+from flax import struct
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
 from specjax.decode.draft_model import slice_model
@@ -104,9 +104,8 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
     t = len(ids)
     cache = model.init_cache(rows, t + 8)
     tokens_bt = jnp.broadcast_to(jnp.asarray(ids), (rows, t))
-    # Jitted: run eagerly, every op of the 2000-row forward compiles on its own (seconds of XLA).
-    _, cache = nnx.jit(lambda m, *a: m(*a))(model, tokens_bt, jnp.broadcast_to(jnp.arange(t), (rows, t)), cache,
-                                            jnp.zeros((rows,), jnp.int32))
+    positions_bt = jnp.broadcast_to(jnp.arange(t), (rows, t))
+    _, cache = forward(model, tokens_bt, positions_bt, cache, jnp.zeros((rows,), jnp.int32))
     hist_bl = jnp.zeros((rows, t + 8), jnp.int32).at[:, :t].set(tokens_bt).at[:, t].set(last)
     return LoopView(
         cache=cache, hist_bl=hist_bl, last_b=jnp.full((rows,), last, jnp.int32), pos_b=jnp.full((rows,), t, jnp.int32),
@@ -117,13 +116,7 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
 
 def reference_q(ref_model, context_bt, kept, temperature, top_p):
     """The draft distribution from an uncached forward of the reference model, over the kept ids [B, N]."""
-    b, t = context_bt.shape
-
-    @nnx.jit
-    def last_logits(m, tokens_bt):
-        return m.logits(m(tokens_bt, jnp.broadcast_to(jnp.arange(t), (b, t)))[0][:, -1:])[:, 0]
-
-    logits_bn = last_logits(ref_model, jnp.asarray(context_bt))[:, kept]
+    logits_bn = full_logits(ref_model, jnp.asarray(context_bt))[:, -1][:, kept]
     return np.asarray(jax.nn.softmax(filter_logits(logits_bn, temperature, 0, top_p), axis=-1))
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import full_logits
 from flax import nnx
 
 from specjax.decode.generate import GenerateConfig, Generator
@@ -93,15 +94,6 @@ def prompt_ids(prompts, real_tokenizer) -> dict[str, list[int]]:
 
 
 @jax.jit(static_argnums=0)
-def _forward_logits(graphdef, state, tokens_bt):
-    # The weights are an argument, not a closure: closed-over arrays become 1 GB of HLO constants
-    # and a 20 s compilation instead of 2 s.
-    m = nnx.merge(graphdef, state)
-    hidden_btd, _ = m(tokens_bt, jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape))
-    return m.logits(hidden_btd)
-
-
-@jax.jit(static_argnums=0)
 def _cached_step(graphdef, state, tokens_bt, positions_bt, cache, start_b):
     m = nnx.merge(graphdef, state)
     hidden_btd, cache = m(tokens_bt, positions_bt, cache, start_b)
@@ -111,7 +103,9 @@ def _cached_step(graphdef, state, tokens_bt, positions_bt, cache, start_b):
 @pytest.fixture(scope="module")
 def our_logits(real_model, prompt_ids) -> dict[str, np.ndarray]:
     """Uncached float32 logits [T, V] per prompt: the short ones in one right-padded batch."""
-    forward = functools.partial(_forward_logits, *nnx.split(real_model))
+    # conftest's full_logits passes the weights as arguments (nnx.jit), never as closure constants: those
+    # would become 1 GB of HLO constants and a 20 s compilation instead of 2 s.
+    forward = functools.partial(full_logits, real_model)
     short = [name for name in prompt_ids if name != "long"]
     width = max(len(prompt_ids[n]) for n in short)
     batch = np.zeros((len(short), width), np.int32)  # right padding cannot affect causal rows

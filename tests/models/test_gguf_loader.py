@@ -8,11 +8,10 @@ or a missing transpose fails the round trip.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from conftest import full_logits
 
 import specjax.models.loading as loading
 from specjax.models.config import ModelConfig, gemma3_270m, gemma3_layer_kinds
@@ -172,13 +171,6 @@ def test_load_model_messages(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ round trip
-@jax.jit(static_argnums=0)
-def _logits(graphdef, state, tokens_bt):
-    m = nnx.merge(graphdef, state)
-    hidden_btd, _ = m(tokens_bt, jnp.broadcast_to(jnp.arange(tokens_bt.shape[1]), tokens_bt.shape))
-    return m.logits(hidden_btd)
-
-
 def test_tiny_gemma3_round_trip_and_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     weights = tiny_weights()
@@ -188,8 +180,8 @@ def test_tiny_gemma3_round_trip_and_cache(tmp_path, monkeypatch):
     assert model.cfg == tiny_config()
     reference = build_model(tiny_config(), weights)
     tokens = jnp.asarray([[2, 270, 271, 268, 4, 100, 277, 5, 1, 9, 33, 264]], jnp.int32)  # 12 > window 4
-    expected = np.asarray(_logits(*nnx.split(reference), tokens))
-    np.testing.assert_array_equal(np.asarray(_logits(*nnx.split(model), tokens)), expected)
+    expected = np.asarray(full_logits(reference, tokens))
+    np.testing.assert_array_equal(np.asarray(full_logits(model, tokens)), expected)
 
     direct = Tokenizer.from_gguf_fields(TOKENS, SCORES, TOKEN_TYPES, bos_id=2, eos_id=1, unk_id=3, pad_id=0,
                                         add_bos=True, add_space_prefix=False, model="llama")
@@ -209,7 +201,7 @@ def test_tiny_gemma3_round_trip_and_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(loading, "open_gguf", no_reading)
     again, tok2 = loading.load_gguf(path)
     assert again.cfg == model.cfg and tok2.encode(text) == tok.encode(text)
-    np.testing.assert_array_equal(np.asarray(_logits(*nnx.split(again), tokens)), expected)
+    np.testing.assert_array_equal(np.asarray(full_logits(again, tokens)), expected)
 
 
 # ---------------------------------------------------------------------------------------- the real file

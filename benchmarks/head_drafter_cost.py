@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.decode import tree as tree_lib
-from specjax.decode.drafters import Observation, Prefill
-from specjax.decode.eagle_drafter import EagleDrafter
-from specjax.decode.medusa_drafter import MedusaDrafter
-from specjax.decode.tree import MEDUSA_63, StaticTree
+from specjax.decode.spec import trees as tree_lib
+from specjax.decode.spec.drafters.base import Observation, Prefill
+from specjax.decode.spec.drafters.eagle import EagleDrafter
+from specjax.decode.spec.drafters.medusa import MedusaDrafter
+from specjax.decode.spec.trees import MEDUSA_63, StaticTree
 from specjax.models.draft_vocab import DraftVocab
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.loading import load_model

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.sampling import SamplingConfig
-from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
 from specjax.models.loading import default_model_path, load_model
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompts"

@@ -1,6 +1,6 @@
 """What a speculative round costs in plain steps, by batch size, k and sampling — and what sampling costs.
 
-The adaptive policy (`specjax.decode.spec_rounds.Adaptive`) speculates only when the drafts' expected
+The adaptive policy (`specjax.decode.spec.rounds.Adaptive`) speculates only when the drafts' expected
 accepted tokens pay for a round; `spec_rounds.estimated_verify_cost` holds this script's figures for
 XLA:CPU (docs/performance.md, "Verify cost by batch size").
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.decode.sampling import categorical
-from specjax.decode.verify import sampling_verify
+from specjax.decode.spec.verify import sampling_verify
 from specjax.models.loading import load_model
 
 CONTEXT = 200

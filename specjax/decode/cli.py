@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.errors import GenerationError
+from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.sampling import SamplingConfig, SamplingError
 from specjax.jsonl import jsonl_rows
@@ -136,7 +137,7 @@ def spec_config(opts: DecodeOptions):
         return None
     if opts.spec not in SPEC_METHODS:
         raise OptionError(f"spec={opts.spec!r} is unknown (available: {', '.join(SPEC_METHODS)})")
-    from specjax.decode.speculative import SpecConfig
+    from specjax.decode.spec.driver import SpecConfig
 
     return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram, method=opts.spec,
                       layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
@@ -175,7 +176,7 @@ def mesh_kwargs(model, mesh, progress) -> dict:
 
 def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress, mesh=None):
     """Runs plain or speculative generation; with compare_plain, also plain for the speedup."""
-    from specjax.decode.speculative import SpeculativeGenerator
+    from specjax.decode.spec.driver import SpeculativeGenerator
 
     on_mesh = mesh_kwargs(model, mesh, progress)
     if spec_cfg is None:

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from specjax.decode import constrain, loop
+from specjax.decode.errors import GenerationError
 from specjax.decode.grammar_spec import GrammarSpec, compile_spec
 from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
@@ -26,10 +27,6 @@ if TYPE_CHECKING:
 
 FINISH_REASONS = {loop.REASON_LENGTH: "length", loop.REASON_EOS: "eos", loop.REASON_STOP: "stop",
                   loop.REASON_GRAMMAR: "grammar"}
-
-
-class GenerationError(ValueError):
-    """Invalid generation request (prompt too long, bad option)."""
 
 
 @dataclasses.dataclass(frozen=True)

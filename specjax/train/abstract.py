@@ -66,7 +66,7 @@ def abstract_check(cfg: TrainConfig, lower: bool = True) -> AbstractReport:
     check_batch_fits(cfg, mesh)
     target = build_target(cfg.task, cfg.seed, abstract=True)
     vocab_ids = np.arange(cfg.task.draft_vocab, dtype=np.int32) if cfg.task.draft_vocab else None
-    task = build_task(cfg.task, cfg.loss, target, cfg.seed, abstract=True, vocab_ids=vocab_ids)
+    task = build_task(cfg.task, cfg.loss, target, seed=cfg.seed, abstract=True, vocab_ids=vocab_ids)
     tx, schedule = make_optimizer(cfg.optim, cfg.steps)
     state = jax.eval_shape(lambda p: init_state(p, tx, cfg.seed), task.params)
     state_sh, frozen_sh = state_shardings(task, state, mesh)

@@ -20,32 +20,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
-from specjax.models.sharding import path_name
-
-
-def to_nested(tree) -> dict:
-    """Nested dict {path part: ... leaf} of a pytree's leaves (nnx's trailing `.value` dropped)."""
-    out: dict = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        parts = path_name(path).split(".")
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = leaf
-    return out
-
-
-def from_nested(template, nested: dict):
-    """The inverse of `to_nested`: `template`'s structure filled with the arrays of `nested`."""
-    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
-
-    def lookup(path):
-        node = nested
-        for p in path_name(path).split("."):
-            node = node[p]
-        return node
-
-    return jax.tree_util.tree_unflatten(treedef, [lookup(p) for p, _ in paths])
+from specjax.models.draft_artifacts import from_nested, to_nested
 
 
 def _manager(directory: Path, keep: int, best: bool) -> ocp.CheckpointManager:

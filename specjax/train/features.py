@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from specjax.train.data import PackedRows
 from specjax.train.step import cast_floats
-from specjax.train.tasks import positions_like
+from specjax.train.task import positions_like
 
 _FORMAT = "1"
 

@@ -27,7 +27,7 @@ from specjax.train import losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
 from specjax.train.models import Target
-from specjax.train.tasks import Task, accuracy_sums, head_table, positions_like
+from specjax.train.task import Task, accuracy_sums, head_table, positions_like
 
 
 def _make(factory, abstract: bool):
@@ -54,7 +54,7 @@ def _features(t_graphdef, frozen, batch):
     return tuple(jax.lax.stop_gradient(x) for x in (f_btd, embed_vd, table_vd))
 
 
-def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
+def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool,
                       cached: bool = False, vocab_ids: np.ndarray | None = None) -> Task:
     """Medusa-1: per-head CE on shifted targets (head k predicts token t+k+1), weights decay^(k-1).
 
@@ -119,8 +119,8 @@ def _restrict(frozen, table_vd, labels):
     return jnp.take(table_vd, frozen["vocab_ids"], axis=0), jnp.maximum(idx, 0), (idx >= 0).astype(jnp.float32)
 
 
-def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool,
-                     vocab_ids: np.ndarray | None, cached: bool = False) -> Task:
+def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool,
+                     cached: bool = False, vocab_ids: np.ndarray | None = None) -> Task:
     """EAGLE: from (f_t, x_{t+1}) predict f_{t+1} (smooth-L1) and x_{t+2} through the frozen head (CE).
 
     cached: read the target's features from `batch["features"]` instead of running the target.

@@ -1,74 +1,25 @@
-"""What is trained and its loss: a `Task` bundles the trainable split, the frozen arrays and the loss.
+"""Task builders: `build_task` dispatches on the task kind; the draft-model (distillation) task lives here.
 
-Batches are dicts of `tokens` [B, T] int32 and `mask` [B, T] float32, where mask[b, t] = 1 says
-that token t+1 is a training target (a generated continuation token, not prompt or padding).
+The `Task` type and the helpers every loss shares are in `task.py`; Medusa / EAGLE tasks in `head_tasks.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.sharding import model_units
-from specjax.train import losses
+from specjax.train import head_tasks, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
 from specjax.train.models import Target, build_draft
-from specjax.train.step import LossFn
+from specjax.train.task import Task, accuracy_sums, head_table, next_tokens, positions_like
 
 
-@dataclasses.dataclass
-class Task:
-    """A trainable module split for jit, plus everything its loss reads.
-
-    Attributes:
-      kind: "draft", "medusa" or "eagle".
-      graphdef: static half of the trainable module.
-      params: trainable parameters (nnx.State).
-      frozen: pytree of arrays the loss reads but never updates (target, frozen draft parts).
-      loss_fn: (params, frozen, batch, key) -> (loss sum, dict of sums incl. "tokens").
-      meta: JSON-ready description stored with checkpoints (what `load_draft_checkpoint` rebuilds).
-      units: head counts for the sharding rules (`sharding.model_units`).
-      export: (params, frozen) -> the module's complete nnx.State (what a decoder loads).
-    """
-
-    kind: str
-    graphdef: Any
-    params: Any
-    frozen: Any
-    loss_fn: LossFn
-    meta: dict
-    units: dict
-    export: Any = None
-
-
-def positions_like(tokens_bt: jax.Array) -> jax.Array:
-    """Packed rows restart positions at 0 in every row."""
-    return jnp.broadcast_to(jnp.arange(tokens_bt.shape[1], dtype=jnp.int32), tokens_bt.shape)
-
-
-def next_tokens(tokens_bt: jax.Array) -> jax.Array:
-    """labels[b, t] = tokens[b, t+1] (0 past the row; the mask is 0 there)."""
-    return jnp.concatenate([tokens_bt[:, 1:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
-
-
-def head_table(model) -> jax.Array:
-    """The [V, D] output table of a Transformer (its tied embedding or separate head)."""
-    return model.embed[...] if model.head is None else model.head[...]
-
-
-def accuracy_sums(logits_nv_: jax.Array, labels_n: jax.Array, mask_n: jax.Array, k: int, prefix: str = "") -> dict:
-    """Sums of top-1 and top-k hits over masked rows."""
-    top1 = (jnp.argmax(logits_nv_, axis=-1) == labels_n).astype(jnp.float32)
-    topk = losses.rank_below_n(logits_nv_, labels_n, k)
-    return {f"{prefix}acc": jnp.sum(top1 * mask_n), f"{prefix}top{k}": jnp.sum(topk * mask_n)}
-
-
-def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int, abstract: bool) -> Task:
+def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool) -> Task:
     """Distills the target into a small draft Transformer (KD at a temperature + hard-label CE)."""
     draft = build_draft(task, target.model, seed, abstract)
     trainable = nnx.All(nnx.Param, nnx.Not(nnx.PathContains("embed"))) if task.freeze_embed else nnx.Param
@@ -106,7 +57,7 @@ def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, seed:
                 model_units(draft.cfg), export)
 
 
-def build_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int = 0, abstract: bool = False,
+def build_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int = 0, abstract: bool = False,
                vocab_ids=None, cached_features: bool = False) -> Task:
     """The Task of `task.kind`.
 
@@ -116,12 +67,9 @@ def build_task(task: TaskConfig, loss: LossConfig, target: Target, seed: int = 0
         instead of running the target every step; ignored for kind="draft".
     """
     if task.kind == "draft":
-        return build_distill_task(task, loss, target, seed, abstract)
-    from specjax.train import head_tasks  # needs the Medusa / EAGLE modules
-
-    if task.kind == "medusa":
-        return head_tasks.build_medusa_task(task, loss, target, seed, abstract, cached_features, vocab_ids)
-    return head_tasks.build_eagle_task(task, loss, target, seed, abstract, vocab_ids, cached_features)
+        return build_distill_task(task, loss, target, seed=seed, abstract=abstract)
+    build = head_tasks.build_medusa_task if task.kind == "medusa" else head_tasks.build_eagle_task
+    return build(task, loss, target, seed=seed, abstract=abstract, cached=cached_features, vocab_ids=vocab_ids)
 
 
 def task_module(task: Task, params, frozen):

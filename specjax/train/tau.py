@@ -26,10 +26,11 @@ import jax
 import numpy as np
 
 from specjax.decode.generate import Completion, GenerateConfig
-from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
 from specjax.train.config import TrainConfig
 from specjax.train.data import Document
-from specjax.train.tasks import Task, task_module
+from specjax.train.task import Task
+from specjax.train.tasks import task_module
 
 EAGLE_DEPTH, EAGLE_TOP_K = 4, 4
 
@@ -73,7 +74,7 @@ class _TokenPromptGenerator(SpeculativeGenerator):
 def build_run_drafter(kind: str, module, model, vocab_ids, k: int):
     """(drafter, draft_params, depth) for a trained module on `model`, as `spec_methods` builds them."""
     if kind == "draft":
-        from specjax.decode.draft_model import DraftModelDrafter
+        from specjax.decode.spec.drafters.draft_model import DraftModelDrafter
 
         drafter, params = DraftModelDrafter.create(module, model)
         return drafter, params, k
@@ -81,13 +82,13 @@ def build_run_drafter(kind: str, module, model, vocab_ids, k: int):
 
     vocab = None if vocab_ids is None else DraftVocab(np.asarray(vocab_ids), model.cfg.vocab_size)
     if kind == "medusa":
-        from specjax.decode.medusa_drafter import MedusaDrafter
-        from specjax.decode.tree import MEDUSA_63, StaticTree
+        from specjax.decode.spec.drafters.medusa import MedusaDrafter
+        from specjax.decode.spec.trees import MEDUSA_63, StaticTree
 
         tree = StaticTree.from_paths(MEDUSA_63[:k])
         drafter, params = MedusaDrafter.build(module, model, tree, vocab)
         return drafter, params, tree.max_depth
-    from specjax.decode.eagle_drafter import EagleDrafter
+    from specjax.decode.spec.drafters.eagle import EagleDrafter
 
     drafter, params = EagleDrafter.build(module, model, vocab, EAGLE_DEPTH, EAGLE_TOP_K)
     return drafter, params, EAGLE_DEPTH

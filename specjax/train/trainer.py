@@ -21,7 +21,8 @@ from specjax.train.features import attach_features
 from specjax.train.metrics import MetricsLog
 from specjax.train.models import Target, build_target
 from specjax.train.step import TrainState, init_state, make_eval_step, make_optimizer, make_train_step
-from specjax.train.tasks import Task, build_task
+from specjax.train.task import Task
+from specjax.train.tasks import build_task
 from specjax.train.tau import DevTau, prompt_ids
 
 
@@ -126,7 +127,7 @@ def prepare_run(cfg: TrainConfig, target: Target | None = None, tokenizer=None, 
         vocab = DraftVocab.from_token_ids([d.ids_n for d in train_docs], target.model.cfg.vocab_size,
                                           cfg.task.draft_vocab, always=target.model.cfg.eos_ids)
         vocab_ids = vocab.ids_n
-    task = build_task(cfg.task, cfg.loss, target, cfg.seed, vocab_ids=vocab_ids, cached_features=cached)
+    task = build_task(cfg.task, cfg.loss, target, seed=cfg.seed, vocab_ids=vocab_ids, cached_features=cached)
     return Prepared(target, train_rows, dev_rows, task, prompt_ids(dev_docs, cfg.tau_prompts))
 
 

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from specjax.decode.generate import GenerateConfig, GenerationError, Generator, bucket, prompt_bucket
+from specjax.decode.errors import GenerationError
+from specjax.decode.generate import GenerateConfig, Generator, bucket, prompt_bucket
 from specjax.decode.loop import generate_program
 from specjax.decode.sampling import SamplingConfig
 from specjax.models.params import build_model, model_weights

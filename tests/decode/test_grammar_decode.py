@@ -17,10 +17,11 @@ from conftest import tiny_config
 from flax import nnx
 
 from specjax.decode import constrain
-from specjax.decode.generate import GenerateConfig, GenerationError, Generator
+from specjax.decode.errors import GenerationError
+from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError, compile_spec
 from specjax.decode.sampling import SamplingConfig
-from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
 from specjax.models.transformer import Transformer
 
 # Multi-byte tokens, so a token can cross terminal boundaries (and some are refused mid-way).

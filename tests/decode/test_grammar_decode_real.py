@@ -12,7 +12,7 @@ import pytest
 
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
-from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
 
 pytestmark = pytest.mark.real_model
 

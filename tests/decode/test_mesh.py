@@ -150,7 +150,7 @@ def _counting_drafter():
     row's committed tokens, starting from the prompt length plus the sum of its weights."""
     import jax.numpy as jnp
 
-    from specjax.decode.drafters import NgramDrafter
+    from specjax.decode.spec.drafters.base import NgramDrafter
 
     class CountingDrafter(NgramDrafter):
         def init(self, model, draft_params, prefill):
@@ -183,7 +183,7 @@ def _tiny_worker() -> dict:
     from specjax.decode.generate import GenerateConfig, Generator
     from specjax.decode.mesh import MeshPlan
     from specjax.decode.sampling import SamplingConfig
-    from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+    from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
     from specjax.models import sharding as sh
     from specjax.models.transformer import Transformer
 
@@ -305,7 +305,7 @@ def _heads_worker() -> dict:
     from test_head_drafters import PROMPTS8, TOK, _eagle, _medusa
 
     from specjax.decode.generate import GenerateConfig, Generator
-    from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
+    from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
     from specjax.models import sharding as sh
     from specjax.models.transformer import Transformer
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from specjax.decode.generate import GenerateConfig
-from specjax.decode.speculative import SpecConfig
+from specjax.decode.spec.driver import SpecConfig
+from specjax.models.draft_artifacts import load_draft_checkpoint
 from specjax.train.config import TrainConfigError
 from specjax.train.data import Document
-from specjax.train.loader import load_draft_checkpoint
 from specjax.train.tau import _TokenPromptGenerator, prompt_ids
 from specjax.train.trainer import prepare_run, train
 

@@ -1,0 +1,168 @@
+"""What model-based chain drafters share: a partial forward, the draft head, token choice, the k-step loop.
+
+A model drafter (`layer_skip.py`, `draft_model.py`) proposes k tokens by k sequential one-token
+forwards of a cheap network (static shapes: a `lax.scan`). At each step it turns the network's
+hidden state into a token:
+
+  * greedy decoding (T = 0): the argmax of the draft logits; q is not needed (greedy verification
+    compares tokens), so the draft is deterministic;
+  * sampling: the draft logits are filtered exactly like the target's (`sampling.filter_logits`
+    with the loop's temperature / top-k / top-p) and the token is sampled from that q, which is
+    reported over the FULL target vocabulary — zero outside a reduced draft vocabulary — so
+    `verify.sampling_verify` stays lossless.
+
+A reduced draft vocabulary (FR-Spec / EAGLE-3) scores only N kept target ids (`draft_vocab.HeadTable`): on
+Gemma 3 the 262,144-row head is most of a draft step's cost. Confidence-based adaptive length: a
+draft is cut at its first position whose top draft probability is below a threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decode.errors import GenerationError
+from specjax.decode.sampling import SamplingConfig, filter_logits, sample_weights
+from specjax.decode.spec.drafters.base import Draft
+from specjax.decode.spec.trees import confident_length
+from specjax.models.draft_vocab import DraftVocab, DraftVocabError, HeadTable
+from specjax.models.kv_cache import attention_masks, causal_block_mask
+
+# Salt for the draft's PRNG stream: `jax.random.fold_in(key, i)` equals `split(key)[i]` for small i,
+# and the loop splits its key in two per round, so a small constant would reuse verification's key.
+_DRAFT_SALT = 0x5EED_D12A
+
+
+def reduced_head(model, ids_n) -> HeadTable:
+    """The draft head over the kept target ids `ids_n` (sorted, unique): rows of `model`'s output head.
+
+    Raises:
+      GenerationError: ids that are not a sorted, unique, non-empty list inside the vocabulary.
+    """
+    table_vd = model.embed[...] if model.head is None else model.head[...]
+    try:
+        vocab = ids_n if isinstance(ids_n, DraftVocab) else DraftVocab(np.asarray(ids_n), model.cfg.vocab_size)
+        return vocab.head(table_vd, model.cfg.final_logit_softcap)
+    except DraftVocabError as e:
+        raise GenerationError(f"reduced draft vocabulary: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSampling:
+    """The loop's token selection, as a drafter needs it: static kind, traced temperature / top-p."""
+
+    sampling: SamplingConfig
+    temperature: jax.Array
+    top_p: jax.Array | float
+
+    @classmethod
+    def of(cls, state) -> DraftSampling:
+        """From the loop state (`spec_rounds.SpecState`); nucleus filtering only when the loop does it."""
+        top_p = 1.0 if state.sampling.top_p >= 1.0 else state.top_p
+        return cls(state.sampling, state.temperature, top_p)
+
+
+def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
+    """Runs the given decoder blocks of `model` (in order) over a block of tokens, then its final norm.
+
+    Args:
+      model: a `Transformer`.
+      layers: indices of the blocks to run (static).
+      kv_k, kv_v: one cache array per listed block, [B, S, kv_heads, head_dim]; slot s holds position s.
+      tokens_bt, positions_bt: the block's tokens and positions; start_b: its first slot per row.
+
+    Returns:
+      (final-normed hidden states [B, T, D], new kv_k, new kv_v).
+    """
+    b, t = tokens_bt.shape
+    window = model.cfg.sliding_window if "local" in model.cfg.layer_kinds else None
+    block_mask_btt = jnp.broadcast_to(causal_block_mask(t), (b, t, t))
+    mask_global, mask_local = attention_masks(positions_bt, start_b, kv_k[0].shape[1], block_mask_btt, window)
+    x_btd = model.embed_tokens(tokens_bt)
+    new_k, new_v = [], []
+    for j, i in enumerate(layers):
+        block = model.blocks[i]
+        mask = mask_local if block.kind == "local" else mask_global
+        x_btd, (k_bskh, v_bskh) = block(x_btd, positions_bt, mask, (kv_k[j], kv_v[j]), start_b)
+        new_k.append(k_bskh)
+        new_v.append(v_bskh)
+    return model.final_norm(x_btd), tuple(new_k), tuple(new_v)
+
+
+def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, live: jax.Array) -> jax.Array:
+    """Draft logits [B, N] over the reduced vocabulary, or [B, V] through the model's own head."""
+    if head is not None:
+        return head.logits(hidden_bd)
+    # As in the plain loop: the barrier keeps the final norm out of the one-row int8 head's fused
+    # product, and `live` keeps a float32 copy of that head from being hoisted out of the loop (quant.py).
+    hidden_b1d = jax.lax.optimization_barrier(hidden_bd[:, None])
+    return model.logits(hidden_b1d, live=live)[:, 0]
+
+
+def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):
+    """One draft token per row from draft logits over N candidates.
+
+    Returns:
+      (target ids [B], q over the full vocabulary [B, V] or None when greedy, top draft probability [B]).
+    """
+    if ctx.sampling.greedy:
+        idx_b = jnp.argmax(logits_bn, axis=-1)
+        conf_b = 1.0 / jnp.sum(jnp.exp(logits_bn - jnp.max(logits_bn, axis=-1, keepdims=True)), axis=-1)
+        q_bv = None
+    else:
+        n = logits_bn.shape[-1]
+        # top-k over the kept ids: the target keeps k of all V; ids outside the draft vocabulary have q = 0
+        # anyway, so keeping the k best kept ids (all of them when k > N) is the same filter.
+        x_bn = filter_logits(logits_bn, ctx.temperature, min(ctx.sampling.top_k, n), ctx.top_p)
+        q_bn = jax.nn.softmax(x_bn, axis=-1)
+        idx_b = sample_weights(key, q_bn)  # q itself: no second exp over the draft vocabulary
+        conf_b = jnp.max(q_bn, axis=-1)
+        if ids_n is None:
+            q_bv = q_bn
+        else:
+            q_bv = jnp.zeros((logits_bn.shape[0], vocab_size), jnp.float32).at[:, ids_n].set(q_bn)
+    tok_b = idx_b if ids_n is None else jnp.take(ids_n, idx_b)
+    return tok_b.astype(jnp.int32), q_bv, conf_b
+
+
+def draft_chain(model, head: HeadTable | None, hidden_bd, carry, step, state, k: int, threshold: float):
+    """k draft tokens: pick from hidden_bd, feed the pick to `step`, repeat (k - 1 forwards).
+
+    Args:
+      model: the network whose head drafts (when `head` is None) — the target or the draft model.
+      head: a reduced draft head, or None for the model's full head.
+      hidden_bd: final-normed hidden state at position pos_b (it predicts draft token 1).
+      carry: the drafter's caches, threaded through `step`.
+      step: (tokens_b, positions_b, carry) -> (hidden_bd, carry): one one-token forward.
+      state: the loop state (position, PRNG key, sampling options).
+      k: draft length (static); threshold: confidence cut (0 = always k).
+
+    Returns:
+      (Draft, carry after the k - 1 forwards).
+    """
+    ctx = DraftSampling.of(state)
+    key = jax.random.fold_in(state.key, _DRAFT_SALT)
+    ids_n = None if head is None else head.ids_n
+    vocab = model.cfg.vocab_size
+
+    def pick(i, h_bd):
+        return choose(head_logits(model, head, h_bd, state.steps + i), ids_n, vocab, ctx, jax.random.fold_in(key, i))
+
+    def body(c, i):
+        h_bd, inner = c
+        tok_b, q_bv, conf_b = pick(i, h_bd)
+        h_bd, inner = step(tok_b, state.pos_b + 1 + i, inner)
+        return (h_bd, inner), (tok_b, q_bv, conf_b)
+
+    (hidden_bd, carry), (tok_kb, q_kbv, conf_kb) = jax.lax.scan(body, (hidden_bd, carry), jnp.arange(k - 1))
+    tok_b, q_bv, conf_b = pick(k - 1, hidden_bd)
+    tokens_bk = jnp.concatenate([tok_kb.T, tok_b[:, None]], axis=1)
+    conf_bk = jnp.concatenate([conf_kb.T, conf_b[:, None]], axis=1)
+    q_bkv = None if q_bv is None else jnp.concatenate([jnp.swapaxes(q_kbv, 0, 1), q_bv[:, None]], axis=1)
+    # The draft's own top probability per position (not the running product): stop where it first drops.
+    len_b = (confident_length(conf_bk, threshold, cumulative=False) if threshold > 0
+             else jnp.full(state.pos_b.shape, k, jnp.int32))
+    return Draft(tokens_bk=tokens_bk, len_b=len_b, q_probs_bkv=q_bkv), carry

@@ -27,14 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.decode import EagleDrafter, MedusaDrafter, Observation, Prefill
 from specjax.decode.spec import trees as tree_lib
-from specjax.decode.spec.drafters.base import Observation, Prefill
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.eagle import EagleConfig, EagleHead
-from specjax.models.loading import load_model
+from specjax.models import DraftVocab, EagleConfig, EagleHead, load_model
 from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 
 

@@ -33,16 +33,12 @@ import numpy as np
 from flax import nnx
 from verify_cost import medians  # this folder's timing helper (run as a script)
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.base import NgramDrafter
+from specjax.decode import GenerateConfig, Generator, LayerSkipDrafter, NgramDrafter, SpecConfig, SpeculativeGenerator
 from specjax.decode.spec.drafters.chain import forward_layers, head_logits, reduced_head
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
 from specjax.decode.spec.drafters.registry import corpus_texts
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.models.draft_vocab import DraftVocab
+from specjax.models import DraftVocab, load_model
 from specjax.models.kv_cache import attention_masks, causal_block_mask
-from specjax.models.loading import load_model
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "prompts"
 CORPUS = ("gsm8k_train.jsonl", "alpaca_eval.jsonl", "alpaca_seed_tasks.jsonl")

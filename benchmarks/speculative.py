@@ -33,9 +33,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.sampling import SamplingConfig
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import GenerateConfig, Generator, SamplingConfig, SpecConfig, SpeculativeGenerator
 from specjax.models.loading import default_model_path, load_model
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "prompts"

@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax.decode.sampling import categorical
 from specjax.decode.spec.verify import sampling_verify
-from specjax.models.loading import load_model
+from specjax.models import load_model
 
 CONTEXT = 200
 

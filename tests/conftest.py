@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from specjax.models.config import ModelConfig
-from specjax.models.transformer import Transformer
+from specjax.models import ModelConfig, Transformer
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.decode.generate import Completion, GenerateConfig
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator, speculative_program
+from specjax.decode import Completion, GenerateConfig, SpecConfig, SpeculativeGenerator, speculative_program
 
 # float32 reassociation moves Gemma 3 270M's logits (|logit| < ~40) by ~1e-5 relative; 0.01 is
 # ~25x that, and still far below the margins of all but genuine ties.
@@ -128,8 +127,9 @@ def run_speculative(gen: SpeculativeGenerator, prompts: list[str], cfg: Generate
     state = speculative_program(gen.graphdef, *args, gen.draft_params, **static, k=spec.k, drafter=gen.drafter,
                                 adapt=spec.policy())
     out_bn, count_b, reason_b, steps, rounds_b, accepted_bk = jax.device_get(
-        (state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b, state.accepted_bk))
-    gen._cache = state.cache
+        (state.row.out_bn, state.row.count_b, state.row.reason_b, state.row.steps, state.counters.rounds_b,
+         state.counters.accepted_bk))
+    gen._cache = state.row.cache
     n = len(prompts)
     out = (out_bn, count_b, reason_b, steps)
     completions = [gen._completion(prompts[j], out, j, cfg) for j in range(n)]

@@ -7,12 +7,8 @@ as `PYTHONPATH=/tmp/heads_src python tau.py eagle|random|ngram`. Output: tau.txt
 import sys
 import time
 
-from specjax.decode.generate import GenerateConfig
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.models.draft_artifacts import load_draft_checkpoint
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.loading import load_model
+from specjax.decode import EagleDrafter, GenerateConfig, SpecConfig, SpeculativeGenerator
+from specjax.models import DraftVocab, load_draft_checkpoint, load_model
 from specjax.train.data import split_dev
 from specjax.train.distill_data import read_prompts
 

@@ -16,18 +16,20 @@ def main() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from specjax.decode.cli import DecodeOptions, run
+    from specjax.decode.cli import run
+    from specjax.decode.options import DecodeOptions, flat_overrides
 
     # The structured schema type-checks the YAML and every key=value override.
     ConfigStore.instance().store(name="decode_schema", node=DecodeOptions)
 
     @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="decode")
     def app(cfg) -> None:
-        opts = DecodeOptions(**OmegaConf.to_container(cfg, resolve=True))
+        opts = OmegaConf.to_object(cfg)  # the DecodeOptions dataclass (nested SpecOptions included)
         code = run(opts)
         if code:
             sys.exit(code)
 
+    sys.argv[1:] = flat_overrides(sys.argv[1:])  # spec=ngram spec_k=8 → spec.method=ngram spec.k=8
     app()
 
 

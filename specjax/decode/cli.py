@@ -1,4 +1,4 @@
-"""The decode command's logic, free of Hydra: options dataclass → load → generate → print.
+"""The decode command's logic, free of Hydra: options (`options.py`) → load → generate → print.
 
 `python -m specjax.decode` (see __main__.py) parses options with Hydra and calls `run`.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from specjax.decode.errors import GenerationError
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
+from specjax.decode.options import DecodeOptions
 from specjax.decode.sampling import SamplingConfig, SamplingError
 from specjax.jsonl import jsonl_rows
 from specjax.models.config import ConfigError
@@ -31,53 +32,6 @@ USER_ERRORS = (ConfigError, GenerationError, GrammarSpecError, ModelFileError, S
 
 class OptionError(ValueError):
     """A decode option that is missing, malformed or contradictory."""
-
-
-@dataclasses.dataclass
-class DecodeOptions:
-    """Options of `python -m specjax.decode` (configs/decode.yaml documents each)."""
-
-    model: str | None = None
-    dtype: str = "float32"
-    prompt: str | None = None
-    prompts_file: str | None = None
-    limit: int | None = None
-    chat: bool = False
-    max_new_tokens: int = 128
-    batch_size: int = 1
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: list[str] = dataclasses.field(default_factory=list)
-    spec: str = "none"
-    spec_k: int = 4
-    spec_max_ngram: int = 3
-    spec_layers: int = 4
-    spec_layer_list: list[int] = dataclasses.field(default_factory=list)
-    spec_confidence: float = 0.0
-    spec_probe_every: int = 16  # costly drafters: a probe (one draft, no verify) after this many plain rounds
-    spec_max_probe_every: int = 256  # ... a gap that doubles after each probe, up to this
-    spec_verify_cost: float | None = None  # a speculative round's cost in plain rounds (None: estimated)
-    spec_min_best_gain: float = 1.5  # speculation off when a fully accepted round would gain less (0: never off)
-    draft_model: str | None = None
-    draft_checkpoint: str | None = None
-    eagle_depth: int = 4
-    eagle_top_k: int = 4
-    draft_vocab: int = 0
-    draft_vocab_corpus: str | None = None
-    compare_plain: bool = True
-    mesh_data: int = 1
-    mesh_model: int = 1
-    output: str | None = None
-    quiet: bool = False
-    grammar: str | None = None
-    json_schema: str | None = None
-    regex: str | None = None
-    grammar_start: str = "start"
-    grammar_max_depth: int = 3
-    json_whitespace: str = "compact"
-    json_max_whitespace: int = 8
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -133,20 +87,9 @@ SPEC_METHODS = ("none", "ngram", "layerskip", "draft", "medusa", "eagle")
 
 def spec_config(opts: DecodeOptions):
     """The speculative-decoding config, or None for plain decoding."""
-    if opts.spec == "none":
-        return None
-    if opts.spec not in SPEC_METHODS:
-        raise OptionError(f"spec={opts.spec!r} is unknown (available: {', '.join(SPEC_METHODS)})")
-    from specjax.decode.spec.driver import SpecConfig
-
-    return SpecConfig(k=opts.spec_k, max_ngram=opts.spec_max_ngram, method=opts.spec,
-                      layers=tuple(opts.spec_layer_list) or opts.spec_layers, confidence=float(opts.spec_confidence),
-                      probe_every=opts.spec_probe_every,
-                      max_probe_every=opts.spec_max_probe_every, verify_cost=opts.spec_verify_cost,
-                      min_best_gain=opts.spec_min_best_gain,
-                      draft_model=opts.draft_model, draft_vocab=opts.draft_vocab,
-                      draft_vocab_corpus=opts.draft_vocab_corpus, draft_checkpoint=opts.draft_checkpoint,
-                      eagle_depth=opts.eagle_depth, eagle_top_k=opts.eagle_top_k)
+    if opts.spec.method not in SPEC_METHODS:
+        raise OptionError(f"spec={opts.spec.method!r} is unknown (available: {', '.join(SPEC_METHODS)})")
+    return opts.spec.config()
 
 
 def device_mesh(opts: DecodeOptions):

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from specjax.decode import constrain, loop
+from specjax.decode.backend import BackendProfile, profile_for
 from specjax.decode.errors import GenerationError
 from specjax.decode.grammar_spec import GrammarSpec, compile_spec
 from specjax.decode.mesh import MeshPlan
@@ -145,17 +146,19 @@ class Generator:
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, mesh: Mesh | None = None,
-                 rules=sharding.LOGICAL_RULES):
+                 rules=sharding.LOGICAL_RULES, profile: BackendProfile | None = None):
         """Args:
           model, tokenizer: what to run.
           mesh: optional ('data', 'model') mesh (`sharding.make_mesh`): the batch runs data-parallel
             over 'data' and the weights are split over 'model' by `rules` (`decode/mesh.py`).
+          profile: how the programs are built (`backend.py`); default: the profile of JAX's default backend.
 
         Raises:
           ShardingError: the mesh cannot hold the model (e.g. heads 'model' does not divide).
         """
         self.model = model
         self.tokenizer = tokenizer
+        self.profile = profile or profile_for()
         self.graphdef, self.params = nnx.split(model)
         self.mesh_plan = None if mesh is None else MeshPlan(mesh, model.cfg, rules)
         if self.mesh_plan is not None:
@@ -270,7 +273,8 @@ class Generator:
         # Only what changes the program is static; temperature / top_p values are traced.
         static = {"sampling": SamplingConfig(temperature=0.0 if s.greedy else 1.0, top_k=s.top_k,
                                              top_p=1.0 if s.top_p >= 1.0 else 0.5),
-                  "n_out": n_out, "eos_ids": () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids)}
+                  "n_out": n_out, "eos_ids": () if cfg.ignore_eos else tuple(self.model.cfg.eos_ids),
+                  "profile": self.profile}
         # The chunk starts at prompt `seed_offset` (its seeds are offset by its position too).
         specs = cfg.row_grammars(seed_offset + len(chunk))
         grammar = self._batch_grammar(None if specs is None else specs[seed_offset:], b)

@@ -8,7 +8,6 @@ passed in and donated, so XLA updates it in place and the caller reuses the buff
 
 from __future__ import annotations
 
-import functools
 import time
 
 import jax
@@ -17,8 +16,9 @@ from flax import nnx, struct
 
 from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
+from specjax.decode.backend import BackendProfile, decode_program
 from specjax.decode.sampling import SamplingConfig, sample
-from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
+from specjax.models.kv_cache import KVCache
 
 # REASON_GRAMMAR: the row's grammar reached a state where only EOS may follow (its sentence is complete).
 REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
@@ -26,7 +26,7 @@ REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
 
 @struct.dataclass(kw_only=True)
 class RowState:
-    """What every decode loop carries per row: its output, position, stopping state (what `_emit`
+    """What every decode loop carries per row: its output, position, stopping state (what `emit`
     updates) and the loop's key and step count. Row b has produced out_bn[b, :count_b[b]].
 
     Attributes:
@@ -61,9 +61,10 @@ class DecodeState(RowState):
 class FirstTokenClock:
     """Host timestamp of the first sampled token, recorded by a one-off debug callback.
 
-    The callback sits under a `lax.cond` on the loop counter, so it fires once per
-    generate call (first iteration), never per token; it lets us report time to first
-    token for a program that runs prefill and decode as one executable.
+    The callback fires once per generate call (first iteration), never per token: under a
+    `lax.cond` on the loop counter (CPU profile) or in the first iteration run before the loop
+    (accelerators, `backend.py`); it lets us report time to first token for a program that runs
+    prefill and decode as one executable.
     """
 
     def __init__(self) -> None:
@@ -76,7 +77,7 @@ class FirstTokenClock:
 CLOCK = FirstTokenClock()
 
 
-def _emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
+def emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, grammar=None):
     """Appends one token per active row and updates the stopping conditions.
 
     With a grammar (`constrain.BatchGrammar`), active rows advance their state `gram_b` by the token,
@@ -131,8 +132,7 @@ def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array):
     return hidden_btd, jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1), cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids"), donate_argnames=("cache",),
-                   compiler_options=IN_PLACE_COMPILER_OPTIONS)
+@decode_program("graphdef", "sampling", "n_out", "eos_ids")
 def generate_program(
     graphdef,
     params,
@@ -150,6 +150,7 @@ def generate_program(
     sampling: SamplingConfig,
     n_out: int,
     eos_ids: tuple[int, ...],
+    profile: BackendProfile,
 ):
     """Prefills right-padded prompts and generates until every row is done.
 
@@ -163,6 +164,7 @@ def generate_program(
       stop_tables: compiled stop strings or None.
       grammar: the rows' grammars and initial states (`constrain.prepare`), or None for free text
         (static: None compiles the program without any grammar code).
+      profile: the backend's `BackendProfile` (static; calls default it to `backend.profile_for()`).
 
     Returns:
       (DecodeState after the loop, its cache being the donated buffer updated in place).
@@ -189,20 +191,26 @@ def generate_program(
     def cond(s: DecodeState):
         return ~jnp.all(s.done_b)
 
-    def body(s: DecodeState) -> DecodeState:
+    def body(s: DecodeState, mark: bool = False) -> DecodeState:
         # Sample from the carried hidden state, then run the new token forward. Carrying
         # hidden (not the token) across iterations keeps the final norm out of the head's
         # fused one-row product (quant.py): a loop boundary is opaque to XLA fusion.
         active_b = ~s.done_b
         key, sub = jax.random.split(s.key)
-        tok_b = next_tokens(model, s.hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
+        tok_b = next_tokens(model, s.hidden_b1d, profile.live(s.steps), sub, sampling, temperature, top_p, grammar,
+                            s.gram_b)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
-        jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
-        s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables, grammar)
+        if mark:
+            jax.debug.callback(CLOCK.mark, jnp.max(tok_b))
+        elif profile.first_token_cond:
+            jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
+        s = emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables, grammar)
         # One forward after the last token is wasted; skipping it would need a cond around
         # the cache update, which costs more than it saves.
         hidden_b1d, cache = model(tok_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         return s.replace(cache=cache, hidden_b1d=hidden_b1d, pos_b=s.pos_b + active_b.astype(jnp.int32))
 
+    if not profile.first_token_cond:
+        state = body(state, mark=True)  # the first token's iteration, peeled off for the clock
     return jax.lax.while_loop(cond, body, state)

@@ -24,8 +24,9 @@ import functools
 import jax
 from jax.sharding import Mesh
 
+from specjax.decode.backend import profile_for
 from specjax.models import sharding as sh
-from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
+from specjax.models.kv_cache import KVCache
 
 
 class MeshPlan:
@@ -113,9 +114,10 @@ class MeshPlan:
         The batch size (rows) is read from the KV cache argument.
         """
         rows = next(a.k[0].shape[0] for a in args if isinstance(a, KVCache))
+        static = {"profile": profile_for(), **static}
         fun = functools.partial(program.__wrapped__, graphdef, **static)
         out = jax.eval_shape(fun, *args)
         donate = tuple(i for i, a in enumerate(args) if isinstance(a, KVCache))
         jitted = jax.jit(fun, out_shardings=self.output_shardings(out, rows), donate_argnums=donate,
-                         compiler_options=IN_PLACE_COMPILER_OPTIONS)
+                         compiler_options=static["profile"].options or None)
         return jitted.lower(*args)

@@ -26,7 +26,8 @@ import jax
 import numpy as np
 
 from specjax.decode.generate import Completion, GenerateConfig
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode.spec.config import SpecConfig
+from specjax.decode.spec.driver import SpeculativeGenerator
 from specjax.train.config import TrainConfig
 from specjax.train.data import Document
 from specjax.train.task import Task

@@ -53,7 +53,7 @@ def test_unknown_option_is_named():
     ({"spec": "layerskip", "draft_vocab": 100}, "draft_vocab=100 needs draft_vocab_corpus="),
 ])
 def test_bad_options_give_one_clear_line(capsys, opts, message):
-    assert run(DecodeOptions(quiet=True, **opts)) == 2
+    assert run(DecodeOptions.from_flat(quiet=True, **opts)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
@@ -61,10 +61,10 @@ def test_bad_options_give_one_clear_line(capsys, opts, message):
 def test_malformed_prompts_file_names_line_and_column(tmp_path, capsys):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "ok"}\n{"prompt": oops}\n')
-    assert run(DecodeOptions(quiet=True, prompts_file=str(f))) == 2
+    assert run(DecodeOptions.from_flat(quiet=True, prompts_file=str(f))) == 2
     assert f"{f}:2:12: invalid JSON" in capsys.readouterr().err
     f.write_text('{"text": "no prompt field"}\n')
-    assert run(DecodeOptions(quiet=True, prompts_file=str(f))) == 2
+    assert run(DecodeOptions.from_flat(quiet=True, prompts_file=str(f))) == 2
     assert 'string field "prompt"' in capsys.readouterr().err
 
 
@@ -91,7 +91,7 @@ def test_prompt_longer_than_context_is_refused(capsys, monkeypatch):
 
     model = Transformer(tiny_config(max_seq_len=32), rngs=nnx.Rngs(0))
     monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
-    assert run(DecodeOptions(quiet=True, prompt="x" * 40, max_new_tokens=4)) == 2
+    assert run(DecodeOptions.from_flat(quiet=True, prompt="x" * 40, max_new_tokens=4)) == 2
     assert "exceeds the model's context of 32 tokens" in capsys.readouterr().err
 
 
@@ -117,7 +117,7 @@ def test_bad_drafter_options_on_a_loaded_model(capsys, monkeypatch, opts, messag
 
     model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
     monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
-    assert run(DecodeOptions(quiet=True, prompt="abc", max_new_tokens=4, **opts)) == 2
+    assert run(DecodeOptions.from_flat(quiet=True, prompt="abc", max_new_tokens=4, **opts)) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
@@ -130,7 +130,7 @@ def test_layerskip_run_on_a_tiny_model(capsys, monkeypatch):
 
     model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
     monkeypatch.setattr("specjax.models.loading.load_model", lambda *a, **k: (model, ByteTokenizer()))
-    opts = DecodeOptions(quiet=True, prompt="abcabc", max_new_tokens=8, spec="layerskip", spec_layers=2,
+    opts = DecodeOptions.from_flat(quiet=True, prompt="abcabc", max_new_tokens=8, spec="layerskip", spec_layers=2,
                          compare_plain=False)
     assert run(opts) == 0
     assert "speculative k=4: tau" in capsys.readouterr().err

@@ -5,10 +5,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from specjax.decode.errors import GenerationError
+from specjax.decode import GenerationError, SamplingConfig, generate_program
 from specjax.decode.generate import GenerateConfig, Generator, bucket, prompt_bucket
-from specjax.decode.loop import generate_program
-from specjax.decode.sampling import SamplingConfig
 from specjax.models.params import build_model, model_weights
 
 PROMPTS = ["hello world", "a", "the quick brown fox jumps over", "xyz"]
@@ -89,10 +87,10 @@ def test_no_recompilation_for_same_shapes(gen):
     cfg = GenerateConfig(max_new_tokens=5, batch_size=2)
     gen.generate(["ab", "cd"], cfg)
     before = len(gen._programs)
-    jit_before = generate_program._cache_size()
+    jit_before = generate_program.jit(gen.profile)._cache_size()
     _, stats = gen.generate(["efg", "h", "ijk"], cfg)  # same buckets, partial last batch
     assert len(gen._programs) == before and stats.compiled == 0
-    assert generate_program._cache_size() == jit_before
+    assert generate_program.jit(gen.profile)._cache_size() == jit_before
 
 
 def test_sampling_is_seeded_and_respects_top_k(gen):

@@ -16,13 +16,17 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from specjax.decode import constrain
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
+from specjax.decode import (
+    GenerateConfig,
+    GenerationError,
+    Generator,
+    SamplingConfig,
+    SpecConfig,
+    SpeculativeGenerator,
+    constrain,
+)
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError, compile_spec
-from specjax.decode.sampling import SamplingConfig
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.models.transformer import Transformer
+from specjax.models import Transformer
 
 # Multi-byte tokens, so a token can cross terminal boundaries (and some are refused mid-way).
 EXTRA = [b'{"', b'":', b'",', b'"}', b"true", b"false", b"null", b"ab", b"abc", b", ", b"12"]

@@ -10,9 +10,7 @@ import jsonschema
 import lark
 import pytest
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import GenerateConfig, Generator, GrammarSpec, GrammarSpecError, SpecConfig, SpeculativeGenerator
 
 pytestmark = pytest.mark.real_model
 

@@ -150,7 +150,7 @@ def _counting_drafter():
     row's committed tokens, starting from the prompt length plus the sum of its weights."""
     import jax.numpy as jnp
 
-    from specjax.decode.spec.drafters.base import NgramDrafter
+    from specjax.decode.spec.drafters.ngram import NgramDrafter
 
     class CountingDrafter(NgramDrafter):
         def init(self, model, draft_params, prefill):
@@ -183,7 +183,8 @@ def _tiny_worker() -> dict:
     from specjax.decode.generate import GenerateConfig, Generator
     from specjax.decode.mesh import MeshPlan
     from specjax.decode.sampling import SamplingConfig
-    from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+    from specjax.decode.spec.config import SpecConfig
+    from specjax.decode.spec.driver import SpeculativeGenerator
     from specjax.models import sharding as sh
     from specjax.models.transformer import Transformer
 
@@ -245,8 +246,8 @@ def _tiny_worker() -> dict:
         drafted[name] = (_tokens(gen.generate(TINY_PROMPTS, cfg, spec)[0]), _final_state(gen, cfg, spec), gen)
     state, gen = drafted["mesh"][1], drafted["mesh"][2]
     report["stateful_drafter"] = {
-        "tokens": drafted["mesh"][0], "state": np.asarray(state.draft_state).tolist(),
-        "ref_state": np.asarray(drafted["ref"][1].draft_state).tolist(), "state_spec": _spec_of(state.draft_state),
+        "tokens": drafted["mesh"][0], "state": np.asarray(state.draft).tolist(),
+        "ref_state": np.asarray(drafted["ref"][1].draft).tolist(), "state_spec": _spec_of(state.draft),
         "draft_params_devices": len(gen.draft_params["start"].sharding.device_set),
         "draft_params_spec": _spec_of(gen.draft_params["start"])}
     errors = {}
@@ -305,7 +306,8 @@ def _heads_worker() -> dict:
     from test_head_drafters import PROMPTS8, TOK, _eagle, _medusa
 
     from specjax.decode.generate import GenerateConfig, Generator
-    from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+    from specjax.decode.spec.config import SpecConfig
+    from specjax.decode.spec.driver import SpeculativeGenerator
     from specjax.models import sharding as sh
     from specjax.models.transformer import Transformer
 

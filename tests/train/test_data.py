@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from specjax.models.transformer import Transformer
+from specjax.models import Transformer
 from specjax.train import distill_data
 from specjax.train.config import DataConfig, TrainConfigError
 from specjax.train.data import BatchOrder, Document, corpus_documents, pack, read_texts, split_dev

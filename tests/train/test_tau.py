@@ -8,9 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from specjax.decode.generate import GenerateConfig
-from specjax.decode.spec.driver import SpecConfig
-from specjax.models.draft_artifacts import load_draft_checkpoint
+from specjax.decode import GenerateConfig, SpecConfig
+from specjax.models import load_draft_checkpoint
 from specjax.train.config import TrainConfigError
 from specjax.train.data import Document
 from specjax.train.tau import _TokenPromptGenerator, prompt_ids

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.models.draft_artifacts import load_draft_checkpoint
+from specjax.models import load_draft_checkpoint
 from specjax.train.config import OptimConfig
 from specjax.train.step import init_state, make_optimizer, make_train_step
 from specjax.train.trainer import TrainingDiverged, prepare, train

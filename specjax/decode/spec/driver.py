@@ -1,223 +1,29 @@
-"""Speculative decoding: draft k tokens, check them with one target forward, all on device.
+"""The host side of speculative decoding: `SpeculativeGenerator` runs batches through `speculative_program`.
 
-The program mirrors `loop.generate_program`: prefill the prompts and sample the first
-token, then a `lax.while_loop` whose every iteration (a "round") is, for all rows at once:
-
-  1. the drafter proposes k tokens from the row's token history (`drafters.py`): a chain,
-     or a token tree of k nodes (`Draft.parent_bk`, `tree.py`);
-  2. ONE target forward over the block [last, d_1 … d_k] at positions pos … pos+k (a tree:
-     pos + node depth, under its ancestor mask), writing its keys/values at cache slots
-     pos … pos+k;
-  3. chain or tree verification (`verify.py`) → accepted_b in 0..k and accepted_b + 1 tokens
-     (a tree then moves its accepted path's keys/values to slots pos+1 … pos+accepted);
-  4. the tokens are emitted one by one through `loop._emit` (EOS, stop strings and the
-     length limit end a row mid-block; the rest of the block is discarded) and the row's
-     position advances by the number emitted.
-
-Rollback after a rejection costs nothing: slots of rejected drafts hold stale keys/values
-at positions the row has not committed, which the attention masks never show, and the
-next round overwrites them. Rows accept different amounts (ragged), each with its own pos_b.
+It is a `Generator` (same tokenisation, batching, completions and errors) whose batches build the
+drafter (`drafters.registry.build_drafter`, once per drafter options), ask the policy whether
+speculation can pay at this batch size (else it runs plain decoding's program), and collect the
+speculation counters into `SpecStats`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from specjax.decode import constrain, loop
-from specjax.decode import stops as stops_lib
-from specjax.decode.errors import GenerationError
+from specjax.decode import loop
 from specjax.decode.generate import Completion, GenerateConfig, Generator, Stats
-from specjax.decode.sampling import SamplingConfig, sample
+from specjax.decode.spec.config import SpecConfig
 from specjax.decode.spec.cost import draft_cost, max_accept
-from specjax.decode.spec.drafters.base import Drafter, Prefill, is_cheap
-from specjax.decode.spec.rounds import Adaptive, SpecState, commit, make_loop
-from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
+from specjax.decode.spec.drafters.base import Drafter
+from specjax.decode.spec.program import speculative_program
 from specjax.models.sharding import LOGICAL_RULES
 
-__all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGenerator", "speculative_program"]
-
-
-@functools.partial(
-    jax.jit, static_argnames=("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter", "adapt"),
-    donate_argnames=("cache",), compiler_options=IN_PLACE_COMPILER_OPTIONS)
-def speculative_program(
-    graphdef,
-    params,
-    cache: KVCache,
-    prompt_bt: jax.Array,
-    len_b: jax.Array,
-    active_b: jax.Array,
-    max_new: jax.Array,
-    key: jax.Array,
-    temperature: jax.Array,
-    top_p: jax.Array,
-    stop_tables: stops_lib.StopTables | None,
-    grammar: constrain.BatchGrammar | None = None,
-    draft_params=(),
-    *,
-    sampling: SamplingConfig,
-    n_out: int,
-    eos_ids: tuple[int, ...],
-    k: int,
-    drafter: Drafter,
-    adapt: Adaptive | None = None,
-) -> SpecState:
-    """Prefills right-padded prompts, then runs speculative rounds until every row is done.
-
-    Arguments are those of `loop.generate_program` (the rows' grammars `grammar` included: chain
-    drafts are cut at their first refused token and every block position is masked, see
-    `spec_rounds.make_loop`), plus the drafter's weights `draft_params` (any pytree, () for none),
-    the static draft length k (>= 1) and drafter, and the static adaptive policy (None: every
-    round speculates; see `spec_rounds.py`). The cache needs at least T + n_out + k slots: a row's
-    last round may write drafted positions up to k past its final token (written, never committed).
-
-    Returns:
-      SpecState after the loop (its cache is the donated buffer, updated in place).
-    """
-    model = nnx.merge(graphdef, params)
-    b, t = prompt_bt.shape
-    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b)
-    key, sub = jax.random.split(key)
-    # The first token comes from the prefill, exactly as in the plain loop.
-    first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
-    if grammar is not None:
-        first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
-    first_b = sample(first_logits_bv, sub, sampling, temperature, top_p)
-    jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
-
-    n_stop = 0 if stop_tables is None else stop_tables.count
-    probe_every = 0 if adapt is None else adapt.probe_every
-    first_ema = adapt.bar(b, k, sampling.greedy) if adapt is not None and is_cheap(drafter) else 0.0
-    hist_bl = jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt)
-    state = SpecState(
-        cache=cache,
-        hist_bl=hist_bl,
-        last_b=first_b,
-        out_bn=jnp.zeros((b, n_out), jnp.int32),
-        pos_b=len_b.astype(jnp.int32) - 1,  # _commit advances it to the first token's position
-        count_b=jnp.zeros((b,), jnp.int32),
-        done_b=~active_b,
-        reason_b=jnp.full((b,), loop.REASON_LENGTH, jnp.int32),
-        stop_bn=jnp.zeros((b, n_stop), jnp.int32),
-        key=key,
-        steps=jnp.zeros((), jnp.int32),
-        rounds_b=jnp.zeros((b,), jnp.int32),
-        plain_rounds_b=jnp.zeros((b,), jnp.int32),
-        drafted_bk=jnp.zeros((b, k), jnp.int32),
-        accepted_bk=jnp.zeros((b, k), jnp.int32),
-        # A cheap drafter's first draft is tried once (its average starts at the bar), then the evidence
-        # decides; a costly drafter's first round is a probe (its average starts at 0).
-        accept_ema_b=jnp.full((b,), first_ema, jnp.float32),
-        plain_streak=jnp.full((), probe_every, jnp.int32),
-        probe_gap=jnp.full((), probe_every, jnp.int32),
-        draft_tokens_b=jnp.zeros((b,), jnp.int32),
-        shadow_bk=jnp.zeros((b, k), jnp.int32),
-        shadow_parent_bk=jnp.zeros((b, k), jnp.int32),
-        shadow_len_b=jnp.zeros((b,), jnp.int32),
-        shadow_hit_b=jnp.zeros((b,), jnp.int32),
-        shadow_node_b=jnp.full((b,), -1, jnp.int32),
-        draft_state=drafter.init(model, draft_params, Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd,
-                                                              first_b=first_b, num_slots=cache.num_slots)),
-        sampling=sampling, temperature=temperature, top_p=top_p,
-        gram_b=None if grammar is None else grammar.state_b,
-    )
-    state = commit(state, first_b[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids, stop_tables, grammar)
-    static_top_p = 1.0 if sampling.top_p >= 1.0 else top_p  # nucleus sort only when asked (as `sample`)
-
-    run = make_loop(model, draft_params, k, drafter, sampling, temperature, static_top_p, top_p, max_new, eos_ids,
-                    stop_tables, adapt, grammar)
-    return run(state)
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecConfig:
-    """Speculation options (all static: changing one compiles a new program).
-
-    Attributes:
-      k: tokens drafted per round — the chain length, or the node count of a token tree (the
-        target forward covers k + 1 positions).
-      max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
-      adaptive: back off to plain one-token rounds while the batch's drafts are not expected to pay
-        for a verify round (`spec_rounds.Adaptive`); False speculates every round.
-      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost, min_best_gain: the
-        adaptive policy (`spec_rounds.Adaptive`); probe_every (costly drafters only: layer skip, draft
-        model, Medusa, EAGLE) is how many plain rounds pass before a probe re-measures the drafts, a gap
-        that doubles after each probe up to max_probe_every while speculating does not pay; verify_cost
-        (None: estimated) is a speculative round's cost in plain rounds, drafting included; speculation
-        is off (plain decoding) when a fully accepted round would gain less than min_best_gain.
-      method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
-        or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
-        `spec_methods.build_drafter`.
-      layers: layer-skip's kept layers: N for early exit after the first N, or a tuple of indices.
-      draft_model: the draft model (a .gguf file, a Hugging Face directory or "gemma3-270m").
-      draft_vocab: draft over the N most frequent tokens of `draft_vocab_corpus` only (0 = full vocabulary).
-      draft_vocab_corpus: text or jsonl file whose token counts choose the reduced draft vocabulary.
-      confidence: a model draft stops at its first position whose top draft probability is below
-        this (0 = always k tokens); for EAGLE, the least path probability a tree node needs.
-      draft_checkpoint: a `python -m specjax.train` run directory holding Medusa or EAGLE heads.
-      eagle_depth, eagle_top_k: EAGLE-2 tree depth and children per expanded node (tree budget: k).
-    """
-
-    k: int = 4
-    max_ngram: int = 3
-    min_ngram: int = 1
-    adaptive: bool = True
-    min_expected_accept: float = 2.0
-    ema_weight: float = 0.3
-    probe_every: int = Adaptive.probe_every
-    max_probe_every: int = Adaptive.max_probe_every
-    verify_cost: float | None = None
-    min_best_gain: float = Adaptive.min_best_gain
-    method: str = "ngram"
-    layers: int | tuple[int, ...] = 4
-    draft_model: str | None = None
-    draft_vocab: int = 0
-    draft_vocab_corpus: str | None = None
-    confidence: float = 0.0
-    draft_checkpoint: str | None = None
-    eagle_depth: int = 4
-    eagle_top_k: int = 4
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
-            raise GenerationError(f"k must be a positive integer, got {self.k!r}")
-        if not 1 <= self.min_ngram <= self.max_ngram:
-            raise GenerationError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
-        if not 0 < self.ema_weight <= 1:
-            raise GenerationError(f"ema_weight must be in (0, 1], got {self.ema_weight!r}")
-        if not isinstance(self.probe_every, int) or isinstance(self.probe_every, bool) or self.probe_every < 1:
-            raise GenerationError(f"probe_every must be a positive integer, got {self.probe_every!r}")
-        if not isinstance(self.max_probe_every, int) or isinstance(self.max_probe_every, bool) or \
-                self.max_probe_every < self.probe_every:
-            raise GenerationError(f"max_probe_every must be an integer >= probe_every ({self.probe_every}), "
-                                  f"got {self.max_probe_every!r}")
-        if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
-            raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
-                                  f"got {self.verify_cost!r}")
-        if isinstance(self.min_best_gain, bool) or not isinstance(self.min_best_gain, (int, float)) or \
-                self.min_best_gain < 0:
-            raise GenerationError(f"min_best_gain must be a number >= 0 (0: never switch speculation off), "
-                                  f"got {self.min_best_gain!r}")
-        from specjax.decode.spec.drafters.registry import check_spec
-
-        check_spec(self)  # the drafter options
-
-    def policy(self) -> Adaptive | None:
-        """The static adaptive policy, or None when every round speculates."""
-        if not self.adaptive:
-            return None
-        cost = None if self.verify_cost is None else float(self.verify_cost)
-        return Adaptive(min_expected_accept=float(self.min_expected_accept), ema_weight=float(self.ema_weight),
-                        probe_every=self.probe_every, max_probe_every=self.max_probe_every,
-                        verify_cost=cost, min_best_gain=float(self.min_best_gain))
+__all__ = ["SpecStats", "SpeculativeGenerator"]
 
 
 @dataclasses.dataclass
@@ -238,7 +44,7 @@ class SpecStats(Stats):
     mean_draft_len: draft tokens (tree nodes) verified per round (plain rounds count 0): the
       chosen lengths, e.g. after `tree.confident_length` cut drafts short.
     ms_per_round: mean time of one loop iteration (one target forward for the batch), last batch.
-    note: why the adaptive policy switched speculation off (`spec_rounds.Adaptive.off`), or "".
+    note: why the adaptive policy switched speculation off (`policy.Adaptive.off`), or "".
     The inherited ms_per_token is decode time per generated token of a row (decode time ×
     rows / decode tokens), comparable with the plain loop's ms per step.
     """
@@ -269,7 +75,7 @@ class SpeculativeGenerator(Generator):
 
     Args:
       model, tokenizer: the target, as for `Generator`.
-      drafter: a static `Drafter`; None builds the SpecConfig's method (`spec_methods.build_drafter`).
+      drafter: a static `Drafter`; None builds the SpecConfig's method (`drafters.registry.build_drafter`).
       draft_params: the drafter's weights (a pytree passed to the program as an argument).
 
     Example:
@@ -279,8 +85,8 @@ class SpeculativeGenerator(Generator):
     """
 
     def __init__(self, model, tokenizer, drafter: Drafter | None = None, draft_params=(), mesh=None,
-                 rules=LOGICAL_RULES):
-        super().__init__(model, tokenizer, mesh, rules)
+                 rules=LOGICAL_RULES, profile=None):
+        super().__init__(model, tokenizer, mesh, rules, profile)
         self.drafter = drafter
         # On a mesh (`Generator`), the drafter's weights are copied to every device.
         self.draft_params = draft_params if self.mesh_plan is None else self.mesh_plan.replicate(draft_params)
@@ -346,10 +152,7 @@ class SpeculativeGenerator(Generator):
         if drafter is None:
             from specjax.decode.spec.drafters.registry import build_drafter
 
-            # Not k, so a new draft length reloads nothing — except Medusa's static tree, which has k nodes.
-            what = (spec.method, spec.max_ngram, spec.min_ngram, spec.layers, spec.draft_model, spec.draft_vocab,
-                    spec.draft_vocab_corpus, spec.confidence, spec.draft_checkpoint, spec.eagle_depth, spec.eagle_top_k,
-                    spec.k if spec.method == "medusa" else 0)
+            what = spec.drafter_key()
             if what not in self._drafters:
                 drafter, draft_params = build_drafter(spec, self.model, self.tokenizer, progress)
                 if self.mesh_plan is not None:
@@ -370,10 +173,11 @@ class SpeculativeGenerator(Generator):
         loop.CLOCK.t = None
         t_call = time.perf_counter()
         state = program(*args)
-        out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
-                              state.plain_rounds_b, state.drafted_bk, state.accepted_bk, state.draft_tokens_b))
+        row, cnt = state.row, state.counters
+        out = jax.device_get((row.out_bn, row.count_b, row.reason_b, row.steps, cnt.rounds_b,
+                              cnt.plain_rounds_b, cnt.drafted_bk, cnt.accepted_bk, cnt.draft_tokens_b))
         t_end = time.perf_counter()
-        self._cache = state.cache
+        self._cache = state.row.cache
         first_t = loop.CLOCK.t or t_end
         out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk, draft_tokens_b = out
         decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())

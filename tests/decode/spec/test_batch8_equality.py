@@ -19,15 +19,19 @@ from greedy_parity import greedy_divergences, run_speculative, truncate_at
 from test_head_drafters import CYCLE_IDS, EOS, PROMPTS8, TOK, _eagle, _medusa, oracle, oracle_eagle, oracle_medusa
 from test_head_drafters import bigram_model as head_bigram_model
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.base import NgramDrafter
+from specjax.decode import (
+    EagleDrafter,
+    GenerateConfig,
+    Generator,
+    LayerSkipDrafter,
+    MedusaDrafter,
+    NgramDrafter,
+    SpecConfig,
+    SpeculativeGenerator,
+    StaticTree,
+)
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.decode.spec.trees import StaticTree
-from specjax.models.draft_vocab import DraftVocab
+from specjax.models import DraftVocab
 
 DRAFTERS = ["ngram", "layerskip", "draft", "medusa", "eagle"]
 N = 16

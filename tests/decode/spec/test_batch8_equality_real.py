@@ -23,16 +23,19 @@ import pytest
 from flax import nnx
 from greedy_parity import greedy_divergences, run_speculative, truncate_at
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.base import NgramDrafter
+from specjax.decode import (
+    EagleDrafter,
+    GenerateConfig,
+    Generator,
+    LayerSkipDrafter,
+    MedusaDrafter,
+    NgramDrafter,
+    SpecConfig,
+    SpeculativeGenerator,
+)
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models import DraftVocab, EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]

@@ -8,21 +8,13 @@ from conftest import tiny_config
 from flax import nnx
 from test_spec_rounds import CountingDrafter
 
+from specjax.decode import DraftModelDrafter, EagleDrafter, LayerSkipDrafter, MedusaDrafter, NgramDrafter, StaticTree
 from specjax.decode.spec import cost
-from specjax.decode.spec.drafters.base import NgramDrafter
 from specjax.decode.spec.drafters.chain import reduced_head
-from specjax.decode.spec.drafters.draft_model import DraftModelDrafter
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
-from specjax.decode.spec.rounds import Adaptive, estimated_verify_cost
-from specjax.decode.spec.trees import StaticTree
+from specjax.decode.spec.policy import Adaptive, estimated_verify_cost
+from specjax.models import EagleConfig, EagleHead, HeadTable, MedusaConfig, MedusaHeads, Transformer
 from specjax.models.config import gemma3_270m
-from specjax.models.draft_vocab import HeadTable
-from specjax.models.eagle import EagleConfig, EagleHead
-from specjax.models.medusa import MedusaConfig, MedusaHeads
 from specjax.models.quant import BlockQuant
-from specjax.models.transformer import Transformer
 
 
 def abstract_gemma() -> Transformer:

@@ -13,13 +13,19 @@ from conftest import ByteTokenizer, tiny_config
 from flax import nnx
 from test_speculative import PROMPTS, EchoDrafter, K
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.base import Draft, NgramDrafter, is_cheap
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator, speculative_program
-from specjax.decode.spec.rounds import estimated_verify_cost
-from specjax.models.transformer import Transformer
+from specjax.decode import (
+    GenerateConfig,
+    GenerationError,
+    Generator,
+    LayerSkipDrafter,
+    NgramDrafter,
+    SpecConfig,
+    SpeculativeGenerator,
+    speculative_program,
+)
+from specjax.decode.spec.drafters.base import Draft, is_cheap
+from specjax.decode.spec.policy import estimated_verify_cost
+from specjax.models import Transformer
 
 MAX_LOG = 64  # loop steps the counting drafter records
 
@@ -106,8 +112,8 @@ def test_costly_drafter_proposes_only_in_probes_that_back_off(tiny_model, drafte
     _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
     state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter,
                                 adapt=spec.policy())
-    (hist_bl, len_b, bad), log_n = state.draft_state
-    steps = int(state.steps)
+    (hist_bl, len_b, bad), log_n = state.draft
+    steps = int(state.row.steps)
     assert steps == 15  # one token per round: the prefill's, then 15 rounds
     # Round 0 probes, the shadow fails at once, and the gaps double: nothing is drafted in between.
     probes = probe_rounds(steps, probe_every, max_every)
@@ -116,10 +122,10 @@ def test_costly_drafter_proposes_only_in_probes_that_back_off(tiny_model, drafte
     assert stats.plain_rate == 1.0 and stats.draft_rate == 0.0, stats.line()
     # observe saw every committed token of every row, plain rounds included, at chained positions.
     assert int(bad) == 0
-    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
+    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.row.pos_b) + 1)
     for b in range(len(PROMPTS)):
         n = int(len_b[b])
-        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.hist_bl[b, :n]))
+        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.row.hist_bl[b, :n]))
 
 
 def _eos_model(reference) -> tuple[Transformer, int]:
@@ -238,5 +244,5 @@ def test_speculation_off_when_even_perfect_drafts_cannot_pay(tiny_model):
     # The speculative program itself (called directly) also runs plain rounds only.
     _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
     state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter, adapt=spec.policy())
-    assert int(np.sum(state.draft_state[1])) == 0  # propose never ran
-    np.testing.assert_array_equal(np.asarray(state.out_bn[:, :16]), np.asarray([r.tokens for r in ref]))
+    assert int(np.sum(state.draft[1])) == 0  # propose never ran
+    np.testing.assert_array_equal(np.asarray(state.row.out_bn[:, :16]), np.asarray([r.tokens for r in ref]))

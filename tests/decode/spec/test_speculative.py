@@ -16,13 +16,18 @@ import pytest
 from conftest import ByteTokenizer, forward, full_logits, tiny_config
 from flax import nnx
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.sampling import SamplingConfig
-from specjax.decode.spec.drafters.base import NgramDrafter, ngram_propose
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator, speculative_program
+from specjax.decode import (
+    GenerateConfig,
+    GenerationError,
+    Generator,
+    SamplingConfig,
+    SpecConfig,
+    SpeculativeGenerator,
+    speculative_program,
+)
+from specjax.decode.spec.drafters.ngram import NgramDrafter, ngram_propose
+from specjax.models import Transformer
 from specjax.models.params import build_model, model_weights
-from specjax.models.transformer import Transformer
 
 PROMPTS = ["abcabcabcabc", "hello hello", "xyz", "the cat the cat"]  # one prompt bucket (16)
 K = 4
@@ -271,9 +276,9 @@ def test_stateful_drafter_sees_exactly_the_committed_text(tiny_model, plain, ada
                                           extra_slots=K)
     state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=EchoDrafter(),
                                 adapt=SpecConfig(k=K, adaptive=adaptive).policy())
-    hist_bl, len_b, bad = state.draft_state
+    hist_bl, len_b, bad = state.draft
     assert int(bad) == 0
-    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
+    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.row.pos_b) + 1)
     for b in range(len(PROMPTS)):
         n = int(len_b[b])
-        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.hist_bl[b, :n]))
+        np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.row.hist_bl[b, :n]))

@@ -6,8 +6,7 @@ Batch 8 with ragged prompts, EOS inside accepted blocks and every drafter: test_
 import pytest
 from greedy_parity import greedy_divergences
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import GenerateConfig, Generator, SpecConfig, SpeculativeGenerator
 
 pytestmark = pytest.mark.real_model
 

@@ -20,11 +20,16 @@ from conftest import ByteTokenizer
 from greedy_parity import greedy_divergences
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, bigram_model, oracle
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.sampling import SamplingConfig
-from specjax.decode.spec.drafters.base import Draft
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator, speculative_program
+from specjax.decode import (
+    Draft,
+    GenerateConfig,
+    GenerationError,
+    Generator,
+    SamplingConfig,
+    SpecConfig,
+    SpeculativeGenerator,
+    speculative_program,
+)
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree
 
 TREE = StaticTree.from_paths([p for d in range(1, 4) for p in np.ndindex(*(2,) * d)])
@@ -96,9 +101,9 @@ def test_tree_greedy_equals_plain_greedy(tiny_model, prompts):
     assert acc[:2] == (1.0, 1.0) and 0 < acc[2] < 1 and acc[3:] == (0.0,) * (K - 3), acc
     assert K - 6 < stats.mean_draft_len < K, stats.line()
     state = _final_state(gen, prompts, cfg, spec)
-    len_b, bad = state.draft_state
+    len_b, bad = state.draft
     assert int(bad) == 0
-    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.pos_b) + 1)
+    np.testing.assert_array_equal(np.asarray(len_b), np.asarray(state.row.pos_b) + 1)
 
 
 def test_tree_top_k_1_sampling_and_adaptive_rounds_equal_plain_greedy(tiny_model):

@@ -1,7 +1,7 @@
 """Drafters: proposals of the next tokens, checked later by one target forward.
 
 A drafter is a static (hashable) object called inside the jitted speculative loop
-(`speculative.py`). Its learned weights, if any, travel separately as `draft_params`, a jit
+(`spec/rounds.py`). Its learned weights, if any, travel separately as `draft_params`, a jit
 argument (weights baked into the program as constants make compiles slow and programs huge).
 Per row it may carry a `draft_state` pytree in the loop (a draft model's KV cache, EAGLE's
 features). Three hooks:
@@ -14,7 +14,7 @@ features). Three hooks:
 `observe` sees what the round committed together with the target's hidden states at those
 positions (`Observation`): what EAGLE and Medusa heads draft from.
 
-One class attribute, `cheap`, tells the adaptive policy (`spec_rounds.Adaptive`) what a draft
+One class attribute, `cheap`, tells the adaptive policy (`spec/policy.py`, `Adaptive`) what a draft
 costs. A cheap drafter (n-gram lookup: a few compares over the history) proposes every round,
 and plain rounds use that free draft as a "shadow" to keep its acceptance estimate fresh. A
 costly one (anything that runs a network: layer skip, a draft model, Medusa, EAGLE) proposes only
@@ -30,12 +30,12 @@ q = None, which verification treats as a point mass on the token.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar, Protocol
 
 import jax
-import jax.numpy as jnp
 from flax import struct
+
+from specjax.decode.sampling import SamplingConfig
 
 
 @struct.dataclass
@@ -98,12 +98,13 @@ class Observation:
 class Drafter(Protocol):
     """What the speculative loop needs from a drafter (hashable: it is a static jit argument).
 
-    `propose` receives the loop state (`spec_rounds.SpecState`); a drafter may read
+    `propose` receives a `DraftView` of the loop state; a drafter may read
     `state.hist_bl` (token history: prompt then generated tokens, [B, L], entries past the
     row's length are stale), `state.hist_len_b` (tokens of history per row; the last one,
     `state.last_b` at position `state.pos_b`, is the token the next target forward starts
     from), `state.cache` (the target's KV cache, valid below pos_b) and its own
-    `state.draft_state`.
+    `state.draft_state`, plus `state.key`, `state.steps` (the loop's PRNG key and round count) and
+    `state.sampling` (the loop's token selection, `DraftSampling`).
 
     Attributes:
       cheap: whether `propose` costs next to nothing (class attribute; see the module doc). A
@@ -135,79 +136,65 @@ class StatelessDrafter:
         return draft_state
 
 
-@dataclasses.dataclass(frozen=True)
-class NgramDrafter(StatelessDrafter):
-    """Prompt lookup: continue the most recent earlier occurrence of the history's tail.
+@struct.dataclass
+class DraftSampling:
+    """The loop's token selection, as a drafter needs it: static kind, traced temperature / top-p.
+
+    top_p is 1.0 (static: no nucleus sort) unless the loop's sampling filters by it, as in `sample`.
+    """
+
+    sampling: SamplingConfig = struct.field(pytree_node=False)
+    temperature: jax.Array | float
+    top_p: jax.Array | float
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig, temperature, top_p) -> DraftSampling:
+        """From the loop's settings; nucleus filtering only when the loop does it."""
+        return cls(sampling, temperature, 1.0 if sampling.top_p >= 1.0 else top_p)
+
+
+@struct.dataclass
+class DraftView:
+    """What `Drafter.propose` reads of the loop (built each round by `spec.rounds.propose`).
 
     Attributes:
-      max_ngram: longest tail tried first; shorter tails down to min_ngram are fallbacks
-        (a longer match is a more specific context, so it is preferred over a more recent
-        shorter one).
-      min_ngram: shortest tail that counts as a match.
+      row: the loop's row state (`spec.state.SpecRow`: cache, token history, positions, key, steps).
+      draft_state: the drafter's own carry.
+      sampling: the loop's token selection (a sampling drafter filters its q like the target's p).
     """
 
-    cheap: ClassVar[bool] = True  # compares over the history: proposing in every round is free
+    row: Any
+    draft_state: Any
+    sampling: DraftSampling
 
-    max_ngram: int = 3
-    min_ngram: int = 1
+    @property
+    def cache(self):
+        return self.row.cache
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+    @property
+    def hist_bl(self) -> jax.Array:
+        return self.row.hist_bl
 
-    def propose(self, model, draft_params, state, k: int) -> tuple[Draft, Any]:
-        return ngram_propose(state.hist_bl, state.hist_len_b, k, self.max_ngram, self.min_ngram), state.draft_state
+    @property
+    def hist_len_b(self) -> jax.Array:
+        return self.row.hist_len_b
 
+    @property
+    def last_b(self) -> jax.Array:
+        return self.row.last_b
 
-def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
-    """Index j of the last token of the latest earlier occurrence of each row's last n tokens.
+    @property
+    def pos_b(self) -> jax.Array:
+        return self.row.pos_b
 
-    "Earlier" means j <= len - 2, so at least one known token follows the occurrence. -1
-    where there is none.
-    """
-    width = hist_bl.shape[1]
-    j_l = jnp.arange(width)
-    tail_idx_bn = jnp.clip(len_b[:, None] - n + jnp.arange(n), 0, width - 1)
-    tail_bn = jnp.take_along_axis(hist_bl, tail_idx_bn, axis=1)
-    # Candidate ends j in [n-1, len-2]; the range is empty unless len >= n + 1, which also
-    # keeps the (clipped) tail read above from mattering for too-short histories.
-    match_bl = (j_l[None, :] >= n - 1) & (j_l[None, :] <= len_b[:, None] - 2)
-    for m in range(n):
-        # hist[j - m] must equal the tail's m-th token from the end: compare the history
-        # shifted right by m against one tail token (a static loop of n full-width compares).
-        shifted_bl = jnp.pad(hist_bl, ((0, 0), (m, 0)))[:, :width]
-        match_bl = match_bl & (shifted_bl == tail_bn[:, n - 1 - m : n - m])
-    return jnp.max(jnp.where(match_bl, j_l[None, :], -1), axis=1)
+    @property
+    def count_b(self) -> jax.Array:
+        return self.row.count_b
 
+    @property
+    def key(self) -> jax.Array:
+        return self.row.key
 
-def ngram_propose(hist_bl: jax.Array, len_b: jax.Array, k: int, max_ngram: int = 3, min_ngram: int = 1) -> Draft:
-    """Prompt-lookup draft of k tokens per row, vectorised over the batch and the history.
-
-    For n = max_ngram … min_ngram, the first n whose tail hist[len-n:len] occurred earlier
-    wins, at its most recent occurrence ending at j; the draft is the tokens that followed,
-    hist[j+1], hist[j+2], …. When the continuation runs into the present (j + k >= len) the
-    match says the text is periodic with period len-1-j, so the draft keeps cycling through
-    hist[j+1 : len] — e.g. "abcab" drafts "cabca", which is what repetitive text does next.
-
-    Args:
-      hist_bl: token history [B, L]; only hist[b, :len_b[b]] is read.
-      len_b: history length per row (>= 1).
-      k: tokens to propose (static).
-
-    Returns:
-      Draft with len_b = k where a tail matched, else 0 (tokens then repeat the last token).
-    """
-    width = hist_bl.shape[1]
-    found_b = jnp.zeros(len_b.shape, bool)
-    end_b = jnp.zeros(len_b.shape, jnp.int32)
-    for n in range(max_ngram, min_ngram - 1, -1):
-        j_b = _last_match_end(hist_bl, len_b, n)
-        take_b = (j_b >= 0) & ~found_b
-        end_b = jnp.where(take_b, j_b, end_b)
-        found_b = found_b | take_b
-    period_b = jnp.maximum(len_b - 1 - end_b, 1)
-    idx_bk = end_b[:, None] + 1 + jnp.arange(k)[None, :] % period_b[:, None]
-    tokens_bk = jnp.take_along_axis(hist_bl, jnp.clip(idx_bk, 0, width - 1), axis=1)
-    last_b1 = jnp.take_along_axis(hist_bl, jnp.clip(len_b - 1, 0, width - 1)[:, None], axis=1)
-    tokens_bk = jnp.where(found_b[:, None], tokens_bk, last_b1)
-    return Draft(tokens_bk=tokens_bk.astype(jnp.int32), len_b=jnp.where(found_b, k, 0).astype(jnp.int32))
+    @property
+    def steps(self) -> jax.Array:
+        return self.row.steps

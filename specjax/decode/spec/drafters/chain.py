@@ -18,15 +18,13 @@ draft is cut at its first position whose top draft probability is below a thresh
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax.decode.errors import GenerationError
-from specjax.decode.sampling import SamplingConfig, filter_logits, sample_weights
-from specjax.decode.spec.drafters.base import Draft
+from specjax.decode.sampling import filter_logits, sample_weights
+from specjax.decode.spec.drafters.base import Draft, DraftSampling
 from specjax.decode.spec.trees import confident_length
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError, HeadTable
 from specjax.models.kv_cache import attention_masks, causal_block_mask
@@ -48,21 +46,6 @@ def reduced_head(model, ids_n) -> HeadTable:
         return vocab.head(table_vd, model.cfg.final_logit_softcap)
     except DraftVocabError as e:
         raise GenerationError(f"reduced draft vocabulary: {e}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class DraftSampling:
-    """The loop's token selection, as a drafter needs it: static kind, traced temperature / top-p."""
-
-    sampling: SamplingConfig
-    temperature: jax.Array
-    top_p: jax.Array | float
-
-    @classmethod
-    def of(cls, state) -> DraftSampling:
-        """From the loop state (`spec_rounds.SpecState`); nucleus filtering only when the loop does it."""
-        top_p = 1.0 if state.sampling.top_p >= 1.0 else state.top_p
-        return cls(state.sampling, state.temperature, top_p)
 
 
 def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
@@ -137,13 +120,13 @@ def draft_chain(model, head: HeadTable | None, hidden_bd, carry, step, state, k:
       hidden_bd: final-normed hidden state at position pos_b (it predicts draft token 1).
       carry: the drafter's caches, threaded through `step`.
       step: (tokens_b, positions_b, carry) -> (hidden_bd, carry): one one-token forward.
-      state: the loop state (position, PRNG key, sampling options).
+      state: the loop's `DraftView` (position, PRNG key, sampling options).
       k: draft length (static); threshold: confidence cut (0 = always k).
 
     Returns:
       (Draft, carry after the k - 1 forwards).
     """
-    ctx = DraftSampling.of(state)
+    ctx = state.sampling
     key = jax.random.fold_in(state.key, _DRAFT_SALT)
     ids_n = None if head is None else head.ids_n
     vocab = model.cfg.vocab_size

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decode.errors import GenerationError
-from specjax.decode.spec.drafters.base import NgramDrafter
+from specjax.decode.spec.drafters.ngram import NgramDrafter
 from specjax.jsonl import jsonl_rows
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError
 from specjax.models.loading import DEFAULT_MODEL

@@ -10,9 +10,7 @@ from __future__ import annotations
 import pytest
 from conftest import ByteTokenizer
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import GenerateConfig, GenerationError, Generator, SpecConfig, SpeculativeGenerator
 from specjax.train.config import ArchConfig, DataConfig, OptimConfig, TaskConfig, TrainConfig
 from specjax.train.models import build_target
 from specjax.train.trainer import train

@@ -16,13 +16,18 @@ from flax import nnx
 from test_layer_skip import KEPT, check_sampled_draft, first_tokens_joint_test
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.base import Prefill
+from specjax.decode import (
+    GenerateConfig,
+    GenerationError,
+    Generator,
+    LayerSkipDrafter,
+    Prefill,
+    SpecConfig,
+    SpeculativeGenerator,
+    speculative_program,
+)
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator, speculative_program
-from specjax.models.transformer import Transformer
+from specjax.models import Transformer
 
 CFG = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
 
@@ -118,12 +123,12 @@ def test_draft_cache_matches_a_fresh_prefill_of_the_committed_text(tiny_model, a
     key, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], CFG, None, 0, extra_slots=K)
     policy = SpecConfig(k=K, adaptive=adaptive, min_expected_accept=3.0, verify_cost=1.0, probe_every=2).policy()
     state = speculative_program(gen.graphdef, *args, params, **static, k=K, drafter=drafter, adapt=policy)
-    assert int(jnp.sum(state.plain_rounds_b) > 0) == adaptive
-    hist_bl, pos_b = np.asarray(state.hist_bl), np.asarray(state.pos_b)
+    assert int(jnp.sum(state.counters.plain_rounds_b) > 0) == adaptive
+    hist_bl, pos_b = np.asarray(state.row.hist_bl), np.asarray(state.row.pos_b)
     _, fresh = draft(jnp.asarray(hist_bl), jnp.broadcast_to(jnp.arange(hist_bl.shape[1]), hist_bl.shape),
-                     draft.init_cache(hist_bl.shape[0], state.draft_state.num_slots), jnp.zeros((4,), jnp.int32))
+                     draft.init_cache(hist_bl.shape[0], state.draft.num_slots), jnp.zeros((4,), jnp.int32))
     for b in range(4):
         # Every committed token, the last one (at pos_b) included: `observe` wrote them all.
         n = int(pos_b[b]) + 1
-        for got, want in zip(state.draft_state.k + state.draft_state.v, fresh.k + fresh.v, strict=True):
+        for got, want in zip(state.draft.k + state.draft.v, fresh.k + fresh.v, strict=True):
             np.testing.assert_allclose(np.asarray(got[b, :n]), np.asarray(want[b, :n]), atol=1e-4)

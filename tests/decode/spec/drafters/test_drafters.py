@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.decode.spec.drafters.base import NgramDrafter, ngram_propose
+from specjax.decode.spec.drafters.ngram import NgramDrafter, ngram_propose
 
 
 def _propose(histories, k, max_ngram=3, min_ngram=1, width=16, fill=0):

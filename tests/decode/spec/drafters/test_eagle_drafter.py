@@ -13,11 +13,10 @@ import pytest
 from conftest import tiny_config
 from flax import nnx
 
-from specjax.decode.spec.drafters.base import Observation, Prefill
+from specjax.decode import Observation, Prefill
 from specjax.decode.spec.drafters.eagle import EagleDrafter, EagleDrafterError
 from specjax.decode.spec.drafters.heads import output_head
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models import DraftVocab, EagleConfig, EagleHead
 
 DEPTH, TOPK = 3, 3
 PROMPTS = [[2, 10, 11, 12, 13, 14], [2, 30, 31, 32]]  # ragged: P differs per row

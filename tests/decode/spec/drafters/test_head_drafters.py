@@ -16,16 +16,11 @@ import pytest
 from conftest import ByteTokenizer, tiny_config
 from flax import nnx
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import EagleDrafter, GenerateConfig, Generator, MedusaDrafter, SpecConfig, SpeculativeGenerator
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models import DraftVocab, EagleConfig, EagleHead, Transformer
 from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 from specjax.models.params import build_model, model_weights
-from specjax.models.transformer import Transformer
 
 TOK = ByteTokenizer()
 PROMPTS8 = ["abcabcabcabc", "hello hello", "xyz", "the cat the cat", "q", "mississippi", "aaaa", "zyx zyx z"]

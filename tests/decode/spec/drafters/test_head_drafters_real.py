@@ -11,13 +11,9 @@ import pytest
 from flax import nnx
 from greedy_parity import greedy_divergences
 
-from specjax.decode.generate import GenerateConfig, Generator
-from specjax.decode.spec.drafters.eagle import EagleDrafter
-from specjax.decode.spec.drafters.medusa import MedusaDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
+from specjax.decode import EagleDrafter, GenerateConfig, Generator, MedusaDrafter, SpecConfig, SpeculativeGenerator
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree
-from specjax.models.draft_vocab import DraftVocab
-from specjax.models.eagle import EagleConfig, EagleHead
+from specjax.models import DraftVocab, EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]

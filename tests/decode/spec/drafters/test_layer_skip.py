@@ -15,14 +15,12 @@ from conftest import ByteTokenizer, forward, full_logits
 from flax import struct
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
-from specjax.decode.errors import GenerationError
-from specjax.decode.generate import GenerateConfig, Generator
+from specjax.decode import GenerateConfig, GenerationError, Generator, SpecConfig, SpeculativeGenerator, build_drafter
 from specjax.decode.sampling import SamplingConfig, filter_logits
+from specjax.decode.spec.drafters.base import DraftSampling
 from specjax.decode.spec.drafters.draft_model import slice_model
 from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter, reduced_head
-from specjax.decode.spec.drafters.registry import build_drafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.models.kv_cache import KVCache
+from specjax.models import KVCache
 
 CHI2_999 = {26: 54.052}  # scipy.stats.chi2.ppf(0.999, 26)
 KEPT = np.arange(3, 64, 2)  # a reduced draft vocabulary: every other byte id
@@ -85,7 +83,7 @@ def test_bad_layers_are_refused(tiny_model):
 # ------------------------------------------------------------------------------------ sampled drafts
 @struct.dataclass
 class LoopView:
-    """The fields of `spec_rounds.SpecState` that a model drafter reads."""
+    """The fields of `DraftView` (the loop as `Drafter.propose` sees it) that a model drafter reads."""
 
     cache: KVCache
     hist_bl: jax.Array
@@ -93,10 +91,8 @@ class LoopView:
     pos_b: jax.Array
     key: jax.Array
     steps: jax.Array
-    temperature: jax.Array
-    top_p: jax.Array
+    sampling: DraftSampling
     draft_state: Any = ()
-    sampling: SamplingConfig = struct.field(pytree_node=False, default=SamplingConfig())
 
 
 def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
@@ -111,8 +107,8 @@ def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):
     return LoopView(
         cache=cache, hist_bl=hist_bl, last_b=jnp.full((rows,), last, jnp.int32), pos_b=jnp.full((rows,), t, jnp.int32),
         key=jax.random.key(seed), steps=jnp.int32(0), draft_state=(),
-        sampling=SamplingConfig(temperature=1.0, top_p=1.0 if top_p >= 1 else 0.5),
-        temperature=jnp.float32(temperature), top_p=jnp.float32(top_p)), ids + [last]
+        sampling=DraftSampling.of(SamplingConfig(temperature=1.0, top_p=1.0 if top_p >= 1 else 0.5),
+                                  jnp.float32(temperature), jnp.float32(top_p))), ids + [last]
 
 
 def reference_q(ref_model, context_bt, kept, temperature, top_p):

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from specjax.decode.spec.drafters.base import Observation, Prefill
+from specjax.decode import Observation, Prefill
 from specjax.decode.spec.drafters.medusa import MedusaDrafter, MedusaDrafterError, tree_from_accuracies
 from specjax.decode.spec.trees import MEDUSA_63, StaticTree, TreeError
-from specjax.models.medusa import MedusaConfig, MedusaHeads
+from specjax.models import MedusaConfig, MedusaHeads
 
 
 def _expected_accepted(tree: StaticTree, acc):

@@ -9,11 +9,9 @@ import numpy as np
 import pytest
 from greedy_parity import greedy_divergences
 
-from specjax.decode.generate import GenerateConfig, Generator
+from specjax.decode import GenerateConfig, Generator, LayerSkipDrafter, SpecConfig, SpeculativeGenerator
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
-from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter
-from specjax.decode.spec.driver import SpecConfig, SpeculativeGenerator
-from specjax.models.draft_vocab import DraftVocab
+from specjax.models import DraftVocab
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 

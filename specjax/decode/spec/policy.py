@@ -1,0 +1,208 @@
+"""When to speculate: the adaptive policy (`Adaptive`) and the loop that runs the rounds it chooses (`run`).
+
+On XLA:CPU a speculative round costs ~1.8–8 plain rounds depending on batch, k and sampling
+(docs/performance.md), so speculating only pays when the drafts are good. With a policy the loop
+runs plain rounds while the batch's drafts are not expected to pay, then speculative rounds while
+they are.
+
+Draft quality is tracked per row as an exponential moving average of the tokens a draft gets
+accepted (`PolicyState.accept_ema_b`). Speculative rounds update it from verification. How plain
+rounds keep it fresh depends on what a draft costs (`Drafter.cheap`):
+
+* A cheap drafter (n-gram lookup) proposes every round, and the policy counts only rows with a draft.
+  Plain rounds update the average for free from a *shadow draft*: the draft a row had when it last
+  stopped speculating is compared, token by token, with what the plain rounds then commit — which
+  is exactly what verification would have accepted (greedy), or has the same expectation
+  (sampling with a deterministic draft: both accept token x with probability p(x)). So a row whose
+  text turns repetitive again is noticed without paying for probe rounds.
+* A costly drafter (a network) proposes in speculative rounds only, so a plain round costs what plain
+  decoding does. After a gap of plain rounds one *probe* round drafts, and the draft becomes a shadow
+  draft for the next plain rounds (no verify forward: a probe costs the draft alone). Its hit count
+  replaces the row's average, which is stale after the gap. The gap starts at `probe_every` and doubles
+  after each probe that leaves the batch below the bar (up to `max_probe_every`), so on text the
+  drafter cannot predict the probes' cost fades: ~log2(n / probe_every) probes in n tokens.
+
+Either way the drafter observes every committed token (`rounds.observe` after both kinds of round).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.decode.spec.cost import max_accept
+from specjax.decode.spec.drafters.base import Draft
+from specjax.decode.spec.rounds import DEFAULT_EMA_WEIGHT, RoundContext, plain_round, propose, spec_round
+from specjax.decode.spec.state import SpecState
+from specjax.models.quant import MAX_CHUNKED_ROWS
+
+
+@dataclasses.dataclass(frozen=True)
+class Adaptive:
+    """When to speculate (static: part of the compiled program).
+
+    The batch speculates when the drafts' expected extra tokens, summed over its live rows, pay for the
+    round: a speculative round runs every row's k+1 positions, so it costs `verify_cost` plain rounds
+    for the whole batch however few rows have good drafts. With e_b a row's moving average of accepted
+    draft tokens (0 for a cheap drafter's row without a draft), the rule is
+
+        mean over live rows of e_b  >=  bar = max(threshold(k), verify_cost(b, k, greedy) - 1)
+
+    At batch 1 the floor `threshold(k)` decides (it leaves a margin over break-even: the average
+    overshoots after lucky streaks). At batch 8 one repetitive row no longer drags seven others
+    through a verify forward that costs 2–8 of their plain steps.
+
+    Attributes:
+      min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
+        still qualify. Break-even on XLA:CPU at batch 1 is ~0.8 (k=4) to ~1.3 (k=8) for free drafts.
+      ema_weight: weight of the newest observation in the moving average.
+      probe_every: costly drafters only (cheap ones learn from shadow drafts): plain rounds before the
+        first probe (a draft run as a shadow, see the module doc), and the initial gap between probes.
+      max_probe_every: the gap doubles after every probe that does not lead to speculation, up to
+        this; a speculative round that the bar chose resets it to probe_every.
+      verify_cost: what a speculative round costs in plain rounds, drafting included, or None for the
+        built-in estimate: `estimated_verify_cost` (measured on XLA:CPU; on accelerators it is small
+        and the floor rules) plus the drafter's `draft_cost.draft_cost`.
+      min_best_gain: speculation is switched off (no probes, no speculative rounds: plain decoding)
+        when even a round whose draft is accepted in full would beat plain rounds by less than this
+        factor (`off`), e.g. a 4-token layer-skip draft through the full 262,144-row head on XLA:CPU.
+    """
+
+    min_expected_accept: float = 2.0
+    ema_weight: float = DEFAULT_EMA_WEIGHT
+    probe_every: int = 16
+    max_probe_every: int = 256
+    verify_cost: float | None = None
+    min_best_gain: float = 1.5
+
+    def threshold(self, k: int) -> float:
+        """The floor of the bar: min_expected_accept capped at 3/4 of k."""
+        return min(self.min_expected_accept, 0.75 * k)
+
+    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+        """A speculative round's cost in plain rounds; `draft_cost` is what the drafter's k-token draft
+        costs in plain rounds (0 for cheap drafters)."""
+        return estimated_verify_cost(b, k, greedy) + draft_cost if self.verify_cost is None else self.verify_cost
+
+    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+        """The mean expected accepted draft tokens per live row a speculative round needs."""
+        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost) - 1.0)
+
+    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> bool:
+        """Whether a round that accepts all it can (max_accept + 1 tokens) gains less than min_best_gain."""
+        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost)
+
+    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> str:
+        """Why speculation is off, for the stats line ("" when it is on)."""
+        if not self.off(b, k, greedy, draft_cost, max_accept):
+            return ""
+        cost = self.round_cost(b, k, greedy, draft_cost)
+        return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
+                f"{max_accept + 1} tokens, a best case below {self.min_best_gain:g}x (override: min_best_gain / "
+                f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
+
+
+def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
+    """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
+
+    Measured on Gemma 3 270M, quiet 2-core XLA:CPU (docs/performance.md, "verify cost"): batch 1
+    1.84 (k=4) / 2.33 (k=8); batch 8 greedy 2.09 / 3.47, sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS
+    block rows the head is one float32 product whose full logits sampling also normalises. Modelled
+    as 1 + k · per-row cost. Other backends: verification is nearly free next to a step.
+    """
+    if jax.default_backend() != "cpu":
+        return 1.0 + 0.05 * k
+    if b == 1:
+        per_row = 0.2
+    elif greedy or b * (k + 1) <= MAX_CHUNKED_ROWS:
+        per_row = 0.3
+    else:
+        per_row = 0.9
+    return 1.0 + per_row * k
+
+
+def wants(ctx: RoundContext, s: SpecState, has_draft_b=None) -> jax.Array:
+    """Whether the batch's mean expected accepted tokens per live row reaches the bar (`Adaptive`)."""
+    live_b = ~s.row.done_b
+    gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.policy.accept_ema_b, 0.0)
+    bar = ctx.adapt.bar(live_b.shape[0], ctx.k, ctx.sampling.greedy, ctx.drafting_cost)
+    return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
+
+
+def phases(chosen, plain_fn, spec_fn, carry):
+    """Plain rounds while the batch does not speculate, then speculative rounds while it does.
+
+    Two inner while loops instead of `lax.cond(chosen, spec, plain)` per round: a conditional's
+    operands include the KV cache, and XLA:CPU copied all of it into and out of the conditional
+    every round (36 buffers, ~20 ms a round at batch 8). A while loop updates its carry in place.
+    """
+    carry = jax.lax.while_loop(lambda c: c[0].running & ~chosen(c), plain_fn, carry)
+    return jax.lax.while_loop(lambda c: c[0].running & chosen(c), spec_fn, carry)
+
+
+def run(ctx: RoundContext, s: SpecState) -> SpecState:
+    """The decode loop after the prefill: rounds until every row is done.
+
+    Without a policy every round speculates; with one, rounds alternate between runs of plain and of
+    speculative rounds as `Adaptive` decides (`phases`).
+    """
+    running = lambda s: s.running
+    if ctx.adapt is None:
+        return jax.lax.while_loop(running, lambda s: spec_round(ctx, *propose(ctx, s)), s)
+    b = s.row.done_b.shape[0]
+    if ctx.adapt.off(b, ctx.k, ctx.sampling.greedy, ctx.drafting_cost, max_accept(ctx.drafter, ctx.k)):
+        return jax.lax.while_loop(running, lambda s: plain_round(ctx, s), s)  # even perfect drafts would not pay
+    return run_cheap(ctx, s) if ctx.cheap else run_costly(ctx, s)
+
+
+def run_cheap(ctx: RoundContext, s: SpecState) -> SpecState:
+    """A cheap drafter proposes every round: the carry holds the next round's draft, the loop conditions
+    decide from it, and a plain round's shadow follows it."""
+
+    def chosen(c):
+        return wants(ctx, c[0], c[1].len_b > 0)
+
+    def plain_fn(c):
+        return propose(ctx, plain_round(ctx, *c))
+
+    def spec_fn(c):
+        return propose(ctx, spec_round(ctx, *c))
+
+    carry = jax.lax.while_loop(lambda c: c[0].running, lambda c: phases(chosen, plain_fn, spec_fn, c),
+                               propose(ctx, s))
+    return carry[0]
+
+
+def run_costly(ctx: RoundContext, s: SpecState) -> SpecState:
+    """A costly drafter drafts in speculative rounds and probes only (`Adaptive.probe_every`)."""
+    b, k, adapt = s.row.done_b.shape[0], ctx.k, ctx.adapt
+    no_draft = Draft(tokens_bk=jnp.zeros((b, k), jnp.int32), len_b=jnp.zeros((b,), jnp.int32))
+
+    def plain_costly(c):
+        return (plain_round(ctx, c[0], no_draft),)  # follows the open shadows, starts none
+
+    def probe_costly(c):
+        s, draft, _ = propose(ctx, c[0])
+        s = plain_round(ctx, s, draft)
+        pol = s.policy
+        return (s.replace(policy=pol.replace(plain_streak=jnp.zeros_like(pol.plain_streak),
+                                             probe_gap=jnp.minimum(2 * pol.probe_gap, adapt.max_probe_every))),)
+
+    def spec_costly(c):
+        s = spec_round(ctx, *propose(ctx, c[0]))
+        return (s.replace(policy=s.policy.replace(probe_gap=jnp.full_like(s.policy.probe_gap, adapt.probe_every))),)
+
+    def below(c):
+        return c[0].running & ~wants(ctx, c[0])
+
+    def phases_costly(c):
+        c = jax.lax.while_loop(lambda c: below(c) & (c[0].policy.plain_streak < c[0].policy.probe_gap),
+                               plain_costly, c)
+        # At most one trip (the probe resets the streak): a while loop, not a cond (see `phases`).
+        c = jax.lax.while_loop(lambda c: below(c) & (c[0].policy.plain_streak >= c[0].policy.probe_gap),
+                               probe_costly, c)
+        return jax.lax.while_loop(lambda c: c[0].running & wants(ctx, c[0]), spec_costly, c)
+
+    return jax.lax.while_loop(lambda c: c[0].running, phases_costly, (s,))[0]

@@ -1,0 +1,127 @@
+"""The speculative program: draft k tokens, check them with one target forward, all on device.
+
+The program mirrors `loop.generate_program`: prefill the prompts and sample the first
+token, then a `lax.while_loop` whose every iteration (a "round") is, for all rows at once:
+
+  1. the drafter proposes k tokens from the row's token history (`drafters/`): a chain,
+     or a token tree of k nodes (`Draft.parent_bk`, `trees.py`);
+  2. ONE target forward over the block [last, d_1 … d_k] at positions pos … pos+k (a tree:
+     pos + node depth, under its ancestor mask), writing its keys/values at cache slots
+     pos … pos+k;
+  3. chain or tree verification (`verify.py`, in `rounds.py`) → accepted_b in 0..k and accepted_b + 1 tokens
+     (a tree then moves its accepted path's keys/values to slots pos+1 … pos+accepted);
+  4. the tokens are emitted one by one through `loop.emit` (EOS, stop strings and the
+     length limit end a row mid-block; the rest of the block is discarded) and the row's
+     position advances by the number emitted.
+
+Rollback after a rejection costs nothing: slots of rejected drafts hold stale keys/values
+at positions the row has not committed, which the attention masks never show, and the
+next round overwrites them. Rows accept different amounts (ragged), each with its own pos_b.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.decode import constrain, loop
+from specjax.decode import stops as stops_lib
+from specjax.decode.backend import BackendProfile, decode_program
+from specjax.decode.sampling import SamplingConfig, sample
+from specjax.decode.spec.drafters.base import Drafter, Prefill
+from specjax.decode.spec.policy import Adaptive, run
+from specjax.decode.spec.rounds import RoundContext, commit
+from specjax.decode.spec.state import Counters, PolicyState, Shadow, SpecRow, SpecState
+from specjax.models.kv_cache import KVCache
+
+__all__ = ["initial_state", "speculative_program"]
+
+
+@decode_program("graphdef", "sampling", "n_out", "eos_ids", "k", "drafter", "adapt")
+def speculative_program(
+    graphdef,
+    params,
+    cache: KVCache,
+    prompt_bt: jax.Array,
+    len_b: jax.Array,
+    active_b: jax.Array,
+    max_new: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    stop_tables: stops_lib.StopTables | None,
+    grammar: constrain.BatchGrammar | None = None,
+    draft_params=(),
+    *,
+    sampling: SamplingConfig,
+    n_out: int,
+    eos_ids: tuple[int, ...],
+    k: int,
+    drafter: Drafter,
+    adapt: Adaptive | None = None,
+    profile: BackendProfile,
+) -> SpecState:
+    """Prefills right-padded prompts, then runs speculative rounds until every row is done.
+
+    Arguments are those of `loop.generate_program` (the rows' grammars `grammar` included: chain
+    drafts are cut at their first refused token and every block position is masked, see
+    `rounds.py`), plus the drafter's weights `draft_params` (any pytree, () for none),
+    the static draft length k (>= 1) and drafter, and the static adaptive policy (None: every
+    round speculates; see `policy.py`). The cache needs at least T + n_out + k slots: a row's
+    last round may write drafted positions up to k past its final token (written, never committed).
+
+    Returns:
+      SpecState after the loop (its cache is the donated buffer, updated in place).
+    """
+    model = nnx.merge(graphdef, params)
+    b, t = prompt_bt.shape
+    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b)
+    key, sub = jax.random.split(key)
+    # The first token comes from the prefill, exactly as in the plain loop.
+    first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
+    if grammar is not None:
+        first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
+    first_b = sample(first_logits_bv, sub, sampling, temperature, top_p)
+    jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
+
+    ctx = RoundContext.create(model, draft_params, k, drafter, sampling, temperature, top_p, max_new, eos_ids,
+                              stop_tables, adapt, grammar, profile)
+    prefilled = Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd, first_b=first_b,
+                        num_slots=cache.num_slots)
+    state = initial_state(ctx, cache, prompt_bt, len_b, active_b, key, first_b, n_out,
+                          drafter.init(model, draft_params, prefilled), None if grammar is None else grammar.state_b)
+    return run(ctx, state)
+
+
+def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, first_b, n_out: int, draft_state,
+                  gram_b=None) -> SpecState:
+    """The loop's carry after the prefill: the first token `first_b` committed, counters at zero.
+
+    A cheap drafter's first draft is tried once (its average starts at the bar), then the evidence
+    decides; a costly drafter's first round is a probe (its average starts at 0, its streak at the gap).
+    """
+    b, t = prompt_bt.shape
+    n_stop = 0 if ctx.stop_tables is None else ctx.stop_tables.count
+    adapt = ctx.adapt
+    probe_every = 0 if adapt is None else adapt.probe_every
+    first_ema = adapt.bar(b, ctx.k, ctx.sampling.greedy) if adapt is not None and ctx.cheap else 0.0
+    row = SpecRow(
+        cache=cache,
+        hist_bl=jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt),
+        last_b=first_b,
+        out_bn=jnp.zeros((b, n_out), jnp.int32),
+        pos_b=len_b.astype(jnp.int32) - 1,  # commit advances it to the first token's position
+        count_b=jnp.zeros((b,), jnp.int32),
+        done_b=~active_b,
+        reason_b=jnp.full((b,), loop.REASON_LENGTH, jnp.int32),
+        stop_bn=jnp.zeros((b, n_stop), jnp.int32),
+        key=key,
+        steps=jnp.zeros((), jnp.int32),
+        gram_b=gram_b,
+    )
+    policy = PolicyState(accept_ema_b=jnp.full((b,), first_ema, jnp.float32),
+                         plain_streak=jnp.full((), probe_every, jnp.int32),
+                         probe_gap=jnp.full((), probe_every, jnp.int32), shadow=Shadow.empty(b, ctx.k))
+    row = commit(ctx, row, first_b[:, None], jnp.ones((b,), jnp.int32))
+    return SpecState(row=row, policy=policy, counters=Counters.zeros(b, ctx.k), draft=draft_state)

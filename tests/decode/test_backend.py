@@ -1,0 +1,49 @@
+"""Backend profiles (`decode/backend.py`): chosen once per backend, and value-neutral — the accelerator
+profile (no CPU workarounds, first iteration peeled for the clock) gives CPU's tokens, run on CPU."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from conftest import ByteTokenizer
+
+from specjax.decode import GenerateConfig, Generator, SamplingConfig, SpecConfig, SpeculativeGenerator, loop
+from specjax.decode.backend import ACCELERATOR, CPU, profile_for
+from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS
+
+PROMPTS = ["abcabcabc", "hello hello", "xyz", "the cat the cat"]
+
+
+def test_each_backend_selects_its_profile():
+    assert profile_for("cpu") is CPU
+    assert profile_for("gpu") is ACCELERATOR and profile_for("tpu") is ACCELERATOR
+    assert profile_for() is (CPU if jax.default_backend() == "cpu" else ACCELERATOR)
+    assert CPU.options == IN_PLACE_COMPILER_OPTIONS and ACCELERATOR.options == {}
+    assert CPU.live_counter and CPU.head_barrier and CPU.first_token_cond
+    assert not (ACCELERATOR.live_counter or ACCELERATOR.head_barrier or ACCELERATOR.first_token_cond)
+    assert ACCELERATOR.live(jax.numpy.int32(3)) is None
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=4)],
+                         ids=["greedy", "sampled"])
+def test_plain_decoding_gives_the_same_tokens_under_both_profiles(tiny_model, sampling):
+    cfg = GenerateConfig(max_new_tokens=12, batch_size=2, sampling=sampling, ignore_eos=True)
+    got = {}
+    for profile in (CPU, ACCELERATOR):
+        gen = Generator(tiny_model, ByteTokenizer(), profile=profile)
+        loop.CLOCK.t = None
+        outs, stats = gen.generate(PROMPTS, cfg)
+        got[profile.name] = [o.tokens for o in outs]
+        assert loop.CLOCK.t is not None and stats.ttft_ms > 0  # the first-token clock fired either way
+        assert all(len(t) == 12 for t in got[profile.name])
+    assert got["cpu"] == got["accelerator"]
+
+
+def test_speculative_decoding_gives_the_same_tokens_under_both_profiles(tiny_model):
+    cfg = GenerateConfig(max_new_tokens=12, batch_size=2, ignore_eos=True)
+    got = {}
+    for profile in (CPU, ACCELERATOR):
+        gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), profile=profile)
+        got[profile.name] = [o.tokens for o in gen.generate(PROMPTS, cfg, SpecConfig(k=3, adaptive=False))[0]]
+    plain = [o.tokens for o in Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)[0]]
+    assert got["cpu"] == got["accelerator"] == plain

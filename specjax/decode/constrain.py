@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.grammar.runtime import GrammarTables, advance, allowed, stack_grammars
+from specjax.decode.shapes import bucket
+from specjax.grammar.runtime import GrammarTables, advance, allowed, mask_logits, stack_grammars
 
 __all__ = ["BatchGrammar", "draft_states", "mask", "prepare", "step"]
 
@@ -39,10 +40,6 @@ class BatchGrammar:
     tables: GrammarTables
     complete_s: jax.Array
     state_b: jax.Array
-
-
-def _bucket(n: int, minimum: int = 64) -> int:
-    return max(minimum, 1 << max(0, (n - 1).bit_length()))
 
 
 def _complete_states(tables: GrammarTables) -> np.ndarray:
@@ -69,7 +66,7 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int) -
     """
     stacked, initial = stack_grammars(grammars) if len(grammars) > 1 else (grammars[0], [grammars[0].initial_state])
     s, r = stacked.n_states, int(stacked.mask_rw.shape[0])
-    s_pad, r_pad = _bucket(s) - s, _bucket(r, 4) - r
+    s_pad, r_pad = bucket(s, 64) - s, bucket(r, 4) - r
     complete_s = np.pad(_complete_states(stacked), (0, s_pad))
     tables = stacked.replace(
         trans_sb=jnp.pad(stacked.trans_sb, ((0, s_pad), (0, 0))),
@@ -84,8 +81,8 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int) -
 
 
 def mask(grammar: BatchGrammar, state_b: jax.Array, logits_bv: jax.Array) -> jax.Array:
-    """Logits [B, V] with the tokens each row's state disallows set to -inf."""
-    return jnp.where(allowed(grammar.tables, state_b), logits_bv, -jnp.inf)
+    """Logits [B, V] with the tokens each row's state disallows set to -inf (`runtime.mask_logits`)."""
+    return mask_logits(grammar.tables, state_b, logits_bv)
 
 
 def mask_block(grammar: BatchGrammar, state_bt: jax.Array, logits_btv: jax.Array) -> jax.Array:

@@ -17,8 +17,10 @@ from specjax.decode import constrain, loop
 from specjax.decode.backend import BackendProfile, profile_for
 from specjax.decode.errors import GenerationError
 from specjax.decode.grammar_spec import GrammarSpec, compile_spec
+from specjax.decode.inputs import BatchInputs
 from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
+from specjax.decode.shapes import bucket, prompt_bucket
 from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
 from specjax.models import sharding
 from specjax.models.transformer import Transformer
@@ -123,18 +125,6 @@ class Stats:
                 f"{self.tokens_per_s:.1f} tok/s overall, {self.decode_tokens_per_s:.1f} tok/s decoding, "
                 f"{self.ms_per_token:.1f} ms/step, prefill {self.prefill_ms:.0f} ms, TTFT {self.ttft_ms:.0f} ms"
                 + (f" (+{self.compile_s:.1f} s compiling {self.compiled} program(s))" if self.compiled else ""))
-
-
-def bucket(n: int, minimum: int = 16) -> int:
-    """Next power of two >= n (and >= minimum): a handful of shapes, so few compilations."""
-    return max(minimum, 1 << max(0, (n - 1).bit_length()))
-
-
-def prompt_bucket(n: int, minimum: int = 16) -> int:
-    """Next of 16, 24, 32, 48, 64, 96, … >= n: prefill is compute-bound, so padding is capped at
-    1.5x (not 2x) for twice the number of shapes."""
-    p = bucket(n, minimum)
-    return p * 3 // 4 if p * 3 // 4 >= max(n, minimum) else p
 
 
 class Generator:
@@ -257,8 +247,8 @@ class Generator:
     def _batch_inputs(self, chunk, cfg: GenerateConfig, stops, seed_offset: int, extra_slots: int = 0):
         """Pads a chunk of prompts into the static shapes of one device program.
 
-        Returns (shape key, program arguments, static keyword arguments); the KV cache in the
-        arguments has prompt bucket + new-token bucket + `extra_slots` slots.
+        Returns (shape key, program arguments (params, KV cache, `BatchInputs`), static keyword arguments);
+        the KV cache has prompt bucket + new-token bucket + `extra_slots` slots.
         """
         b = self._rows(cfg)
         t = prompt_bucket(max(len(p) for p in chunk))
@@ -281,12 +271,13 @@ class Generator:
         key = (b, t, *static.values(), None if stops is None else stops.next_state.shape,
                None if grammar is None else (grammar.tables.trans_sb.shape, grammar.tables.mask_rw.shape))
         cache = self._take_cache(b, t + n_out + extra_slots)
-        args = (self.params, cache, jnp.asarray(prompt_bt), jnp.asarray(len_b), jnp.asarray(active_b),
-                jnp.int32(cfg.max_new_tokens), jax.random.key(s.seed + seed_offset),
-                jnp.float32(s.temperature or 1.0), jnp.float32(s.top_p), stops, grammar)
+        inputs = BatchInputs(prompt_bt=jnp.asarray(prompt_bt), len_b=jnp.asarray(len_b), active_b=jnp.asarray(active_b),
+                             max_new=jnp.int32(cfg.max_new_tokens), key=jax.random.key(s.seed + seed_offset),
+                             temperature=jnp.float32(s.temperature or 1.0), top_p=jnp.float32(s.top_p),
+                             stop_tables=stops, grammar=grammar)
         if self.mesh_plan is not None:
-            args = self.mesh_plan.place_args(args, b)
-        return key, args, static
+            cache, inputs = self.mesh_plan.place_cache(cache), self.mesh_plan.place_inputs(inputs)
+        return key, (self.params, cache, inputs), static
 
     def _lower(self, program, args: tuple, static: dict):
         """Lowers a jitted decode program for `args` (on the mesh, with its shardings)."""

@@ -17,6 +17,7 @@ from flax import nnx, struct
 from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
 from specjax.decode.backend import BackendProfile, decode_program
+from specjax.decode.inputs import BatchInputs
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.models.kv_cache import KVCache
 
@@ -137,15 +138,7 @@ def generate_program(
     graphdef,
     params,
     cache: KVCache,
-    prompt_bt: jax.Array,
-    len_b: jax.Array,
-    active_b: jax.Array,
-    max_new: jax.Array,
-    key: jax.Array,
-    temperature: jax.Array,
-    top_p: jax.Array,
-    stop_tables: stops_lib.StopTables | None,
-    grammar: constrain.BatchGrammar | None = None,
+    inputs: BatchInputs,
     *,
     sampling: SamplingConfig,
     n_out: int,
@@ -157,19 +150,18 @@ def generate_program(
     Args:
       graphdef, params: the split model (`nnx.split`); params are traced, not baked in.
       cache: KV cache with at least T + n_out slots (donated).
-      prompt_bt: right-padded prompt ids [B, T]; len_b their lengths (>= 1).
-      active_b: rows to generate for (padding rows of a partial batch are False).
-      max_new: new-token limit (traced scalar <= n_out).
-      key, temperature, top_p: sampling inputs (traced; the mode is the static `sampling`).
-      stop_tables: compiled stop strings or None.
-      grammar: the rows' grammars and initial states (`constrain.prepare`), or None for free text
-        (static: None compiles the program without any grammar code).
+      inputs: the batch (`inputs.BatchInputs`: prompts, limits, sampling values, stop strings, grammars).
+      sampling: the static token selection (temperature / top_p values are traced in `inputs`).
+      n_out: output buffer length (static); eos_ids: ids that end a row (static).
       profile: the backend's `BackendProfile` (static; calls default it to `backend.profile_for()`).
 
     Returns:
       (DecodeState after the loop, its cache being the donated buffer updated in place).
     """
     model = nnx.merge(graphdef, params)
+    prompt_bt, len_b, active_b, max_new = inputs.prompt_bt, inputs.len_b, inputs.active_b, inputs.max_new
+    key, temperature, top_p = inputs.key, inputs.temperature, inputs.top_p
+    stop_tables, grammar = inputs.stop_tables, inputs.grammar
     b = prompt_bt.shape[0]
     _, last_hidden_b1d, cache = prefill(model, cache, prompt_bt, len_b)
 

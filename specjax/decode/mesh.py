@@ -9,12 +9,12 @@ partitioner runs each device's rows on that device (what `pmap` used to do) and 
 cache comes back with the sharding it went in with — the next call reuses it in place and
 matches the compiled program, so calls of the same shapes never recompile.
 
-Placement is decided by position in the argument tuple, not by name, so a program with extra
-arguments (a drafter's parameters, say) needs no change here: the generator's own parameters
-keep their shardings, KV caches get the cache sharding, arrays whose first dimension is the
-padded batch are split over 'data', and everything else (scalars, keys, stop tables, other
-parameter trees) is replicated. Outputs follow the same rule: per-row arrays (and any state
-carried per row, such as a drafter's) stay split over 'data'.
+Inputs are placed by what they are: the generator's own parameters keep their shardings, KV caches
+get the cache sharding, a `BatchInputs` says which of its arrays are per row (`row_axes`: split over
+'data'; the rest replicated), and anything else (a drafter's parameters) is replicated. Outputs are
+the loop state, whose drafter part has no declared axes: per-row arrays are those whose leading
+dimension is the padded batch (and any state carried per row, such as a drafter's), split over
+'data'; the rest is replicated.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import jax
 from jax.sharding import Mesh
 
 from specjax.decode.backend import profile_for
+from specjax.decode.inputs import ROW_AXES, BatchInputs
 from specjax.models import sharding as sh
 from specjax.models.kv_cache import KVCache
 
@@ -78,23 +79,17 @@ class MeshPlan:
         except sh.ShardingError:
             return self._batch
 
-    def _place_array(self, x, rows: int):
-        is_row = x.ndim >= 1 and x.shape[0] == rows
-        return jax.device_put(x, self._batch if is_row else self._replicated)
+    def place_cache(self, cache: KVCache) -> KVCache:
+        """The KV cache with the rules' cache sharding."""
+        return jax.device_put(cache, self.cache_sharding(cache))
 
-    def place_args(self, args: tuple, rows: int) -> tuple:
-        """Places a program's positional arguments (see the module doc for the rule)."""
-        placed = []
-        for a in args:
-            if a is None or a is self._params:
-                placed.append(a)
-            elif isinstance(a, KVCache):
-                placed.append(jax.device_put(a, self.cache_sharding(a)))
-            elif isinstance(a, jax.Array):
-                placed.append(self._place_array(a, rows))
-            else:  # stop tables, drafter parameters, ...: shared by all rows
-                placed.append(self.replicate(a))
-        return tuple(placed)
+    def place_inputs(self, inputs: BatchInputs) -> BatchInputs:
+        """A batch's inputs placed by their logical axes (`BatchInputs.row_axes`): per-row arrays split
+        over 'data', the rest (scalars, keys, stop tables, grammar tables) on every device."""
+        def place(x, axes):
+            return jax.device_put(x, self._batch if axes == ROW_AXES else self._replicated)
+
+        return jax.tree.map(place, inputs, inputs.row_axes())
 
     def output_shardings(self, out, rows: int):
         """Shardings of a program's (abstract) output pytree: caches, per-row arrays, the rest."""

@@ -128,17 +128,39 @@ class Transformer(nnx.Module):
         slots = t if cache is None else cache.num_slots
         window = self.cfg.sliding_window if "local" in self.cfg.layer_kinds else None
         mask_global, mask_local = attention_masks(positions_bt, start_b, slots, block_mask_btt, window)
-        x_btd = self.embed_tokens(tokens_bt)
-        new_k, new_v = [], []
-        for i, block in enumerate(self.blocks):
-            mask = mask_local if block.kind == "local" else mask_global
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            x_btd, kv = block(x_btd, positions_bt, mask, kv, start_b)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-        new_cache = None if cache is None else KVCache(k=tuple(new_k), v=tuple(new_v))
+        kv = None if cache is None else (cache.k, cache.v)
+        x_btd, kv = self.run_blocks(self.embed_tokens(tokens_bt), positions_bt, (mask_global, mask_local), kv, start_b)
+        new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1])
         return self.final_norm(x_btd), new_cache
+
+    def run_blocks(self, x_btd, positions_bt, masks, kv, start_b, layers=None):
+        """Runs decoder blocks over embedded inputs (no final norm): the loop `__call__` and the
+        self-speculative drafters (layer skip, a draft model's cache feed) share.
+
+        Args:
+          x_btd: the block's inputs [B, T, D]; positions_bt their positions.
+          masks: (global mask, local mask) from `kv_cache.attention_masks`.
+          kv: (keys, values), one cache array per run block, or None for an uncached forward.
+          start_b: first cache slot written per row.
+          layers: indices of the blocks to run, in order (static; default all).
+
+        Returns:
+          (outputs [B, T, D], (new keys, new values) or None).
+        """
+        layers = range(len(self.blocks)) if layers is None else layers
+        new_k, new_v = [], []
+        for j, i in enumerate(layers):
+            block = self.blocks[i]
+            mask = masks[1] if block.kind == "local" else masks[0]
+            x_btd, kv_j = block(x_btd, positions_bt, mask, None if kv is None else (kv[0][j], kv[1][j]), start_b)
+            if kv_j is not None:
+                new_k.append(kv_j[0])
+                new_v.append(kv_j[1])
+        return x_btd, (None if kv is None else (tuple(new_k), tuple(new_v)))
+
+    def head_table(self) -> jax.Array:
+        """The [V, D] output table: the tied embedding, or the separate head."""
+        return self.embed[...] if self.head is None else self.head[...]
 
     def logits(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """Vocabulary logits (float32) for the given hidden states.
@@ -155,7 +177,7 @@ class Transformer(nnx.Module):
             # float32 GEMM; accelerators keep the one large product.
             logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t, -1)
         else:
-            table_vd = self.embed[...] if self.head is None else self.head[...]
+            table_vd = self.head_table()
             # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
             # einsum over [B, T, D] at one row (docs/performance.md).
             logits_nv = jax.lax.dot_general(hidden_btd.reshape(b * t, d).astype(table_vd.dtype), table_vd,

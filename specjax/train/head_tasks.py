@@ -27,7 +27,7 @@ from specjax.train import losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
 from specjax.train.models import Target
-from specjax.train.task import Task, accuracy_sums, head_table, positions_like
+from specjax.train.task import Task, accuracy_sums, positions_like
 
 
 def _make(factory, abstract: bool):
@@ -46,7 +46,7 @@ def _features(t_graphdef, frozen, batch):
     if "target" in frozen:
         target = nnx.merge(t_graphdef, frozen["target"])
         f_btd, _ = target(batch["tokens"], positions_like(batch["tokens"]))
-        embed_vd, table_vd = target.embed[...], head_table(target)
+        embed_vd, table_vd = target.embed[...], target.head_table()
     else:
         # In the tables' dtype: under bf16 compute the uncached target would have produced bf16 features.
         embed_vd = frozen["embed"]

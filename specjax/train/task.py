@@ -53,11 +53,6 @@ def next_tokens(tokens_bt: jax.Array) -> jax.Array:
     return jnp.concatenate([tokens_bt[:, 1:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
 
 
-def head_table(model) -> jax.Array:
-    """The [V, D] output table of a Transformer (its tied embedding or separate head)."""
-    return model.embed[...] if model.head is None else model.head[...]
-
-
 def accuracy_sums(logits_nv_: jax.Array, labels_n: jax.Array, mask_n: jax.Array, k: int, prefix: str = "") -> dict:
     """Sums of top-1 and top-k hits over masked rows."""
     top1 = (jnp.argmax(logits_nv_, axis=-1) == labels_n).astype(jnp.float32)

@@ -16,7 +16,7 @@ from specjax.train import head_tasks, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
 from specjax.train.models import Target, build_draft
-from specjax.train.task import Task, accuracy_sums, head_table, next_tokens, positions_like
+from specjax.train.task import Task, accuracy_sums, next_tokens, positions_like
 
 
 def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool) -> Task:
@@ -44,7 +44,7 @@ def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, *, se
         pos_bt = positions_like(tokens_bt)
         hs_btd, _ = student(tokens_bt, pos_bt)
         ht_btd = jax.lax.stop_gradient(teacher(tokens_bt, pos_bt)[0])
-        tables = (head_table(student), jax.lax.stop_gradient(head_table(teacher)))
+        tables = (student.head_table(), jax.lax.stop_gradient(teacher.head_table()))
         rows = (hs_btd.reshape(-1, hs_btd.shape[-1]), ht_btd.reshape(-1, ht_btd.shape[-1]),
                 next_tokens(tokens_bt).reshape(-1), mask_bt.reshape(-1).astype(jnp.float32))
         sums = scan_row_chunks(chunk_fn, tables, rows, loss.logit_chunk)

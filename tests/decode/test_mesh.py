@@ -215,7 +215,7 @@ def _tiny_worker() -> dict:
             report["placement_2x4"].update({f"{k}_shard": list(v.addressable_shards[0].data.shape)
                                             for k, v in placed.items()})
             _, args, _ = plain._batch_inputs([[2, 5]], cfg, None, 0)
-            report["placement_2x4"]["prompt"] = _spec_of(args[2])
+            report["placement_2x4"]["prompt"] = _spec_of(args[2].prompt_bt)
         if (data, size) == (8, 1):
             hlo = next(iter(plain._programs.values())).as_text()
             report["collectives_8x1"] = sorted(set(re.findall(

@@ -163,13 +163,13 @@ class SpeculativeGenerator(Generator):
             return self._run_plain(chunk, cfg, stops, progress, stats, seed_offset)
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
         args = (*args, draft_params)
+        active_b = np.asarray(args[2].active_b)
         b, t, _, n_out = key[:4]
         program = self._program(
             ("spec", spec.k, drafter, spec.policy(), *key),
             lambda: self._lower(speculative_program, args, dict(static, k=spec.k, drafter=drafter,
                                                                 adapt=spec.policy())),
             f"speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
-        active_b = np.asarray(args[4])
         loop.CLOCK.t = None
         t_call = time.perf_counter()
         state = program(*args)

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.decode import constrain, loop
-from specjax.decode import stops as stops_lib
 from specjax.decode.backend import BackendProfile, decode_program
+from specjax.decode.inputs import BatchInputs
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec.drafters.base import Drafter, Prefill
 from specjax.decode.spec.policy import Adaptive, run
@@ -43,15 +43,7 @@ def speculative_program(
     graphdef,
     params,
     cache: KVCache,
-    prompt_bt: jax.Array,
-    len_b: jax.Array,
-    active_b: jax.Array,
-    max_new: jax.Array,
-    key: jax.Array,
-    temperature: jax.Array,
-    top_p: jax.Array,
-    stop_tables: stops_lib.StopTables | None,
-    grammar: constrain.BatchGrammar | None = None,
+    inputs: BatchInputs,
     draft_params=(),
     *,
     sampling: SamplingConfig,
@@ -64,7 +56,7 @@ def speculative_program(
 ) -> SpecState:
     """Prefills right-padded prompts, then runs speculative rounds until every row is done.
 
-    Arguments are those of `loop.generate_program` (the rows' grammars `grammar` included: chain
+    Arguments are those of `loop.generate_program` (the rows' grammars `inputs.grammar` included: chain
     drafts are cut at their first refused token and every block position is masked, see
     `rounds.py`), plus the drafter's weights `draft_params` (any pytree, () for none),
     the static draft length k (>= 1) and drafter, and the static adaptive policy (None: every
@@ -75,18 +67,18 @@ def speculative_program(
       SpecState after the loop (its cache is the donated buffer, updated in place).
     """
     model = nnx.merge(graphdef, params)
-    b, t = prompt_bt.shape
+    prompt_bt, len_b, active_b, grammar = inputs.prompt_bt, inputs.len_b, inputs.active_b, inputs.grammar
     hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b)
-    key, sub = jax.random.split(key)
+    key, sub = jax.random.split(inputs.key)
     # The first token comes from the prefill, exactly as in the plain loop.
     first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
     if grammar is not None:
         first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
-    first_b = sample(first_logits_bv, sub, sampling, temperature, top_p)
+    first_b = sample(first_logits_bv, sub, sampling, inputs.temperature, inputs.top_p)
     jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
-    ctx = RoundContext.create(model, draft_params, k, drafter, sampling, temperature, top_p, max_new, eos_ids,
-                              stop_tables, adapt, grammar, profile)
+    ctx = RoundContext.create(model, draft_params, k, drafter, sampling, inputs.temperature, inputs.top_p,
+                              inputs.max_new, eos_ids, inputs.stop_tables, adapt, grammar, profile)
     prefilled = Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd, first_b=first_b,
                         num_slots=cache.num_slots)
     state = initial_state(ctx, cache, prompt_bt, len_b, active_b, key, first_b, n_out,

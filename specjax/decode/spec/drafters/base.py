@@ -167,34 +167,11 @@ class DraftView:
     draft_state: Any
     sampling: DraftSampling
 
-    @property
-    def cache(self):
-        return self.row.cache
+    def __getattr__(self, name: str):
+        # The row's fields a drafter reads (see `Drafter`), without copying them into the view.
+        if name in _ROW_FIELDS:
+            return getattr(self.row, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    @property
-    def hist_bl(self) -> jax.Array:
-        return self.row.hist_bl
 
-    @property
-    def hist_len_b(self) -> jax.Array:
-        return self.row.hist_len_b
-
-    @property
-    def last_b(self) -> jax.Array:
-        return self.row.last_b
-
-    @property
-    def pos_b(self) -> jax.Array:
-        return self.row.pos_b
-
-    @property
-    def count_b(self) -> jax.Array:
-        return self.row.count_b
-
-    @property
-    def key(self) -> jax.Array:
-        return self.row.key
-
-    @property
-    def steps(self) -> jax.Array:
-        return self.row.steps
+_ROW_FIELDS = frozenset({"cache", "hist_bl", "hist_len_b", "last_b", "pos_b", "count_b", "key", "steps"})

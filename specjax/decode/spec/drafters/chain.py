@@ -40,7 +40,7 @@ def reduced_head(model, ids_n) -> HeadTable:
     Raises:
       GenerationError: ids that are not a sorted, unique, non-empty list inside the vocabulary.
     """
-    table_vd = model.embed[...] if model.head is None else model.head[...]
+    table_vd = model.head_table()
     try:
         vocab = ids_n if isinstance(ids_n, DraftVocab) else DraftVocab(np.asarray(ids_n), model.cfg.vocab_size)
         return vocab.head(table_vd, model.cfg.final_logit_softcap)
@@ -63,16 +63,10 @@ def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
     b, t = tokens_bt.shape
     window = model.cfg.sliding_window if "local" in model.cfg.layer_kinds else None
     block_mask_btt = jnp.broadcast_to(causal_block_mask(t), (b, t, t))
-    mask_global, mask_local = attention_masks(positions_bt, start_b, kv_k[0].shape[1], block_mask_btt, window)
-    x_btd = model.embed_tokens(tokens_bt)
-    new_k, new_v = [], []
-    for j, i in enumerate(layers):
-        block = model.blocks[i]
-        mask = mask_local if block.kind == "local" else mask_global
-        x_btd, (k_bskh, v_bskh) = block(x_btd, positions_bt, mask, (kv_k[j], kv_v[j]), start_b)
-        new_k.append(k_bskh)
-        new_v.append(v_bskh)
-    return model.final_norm(x_btd), tuple(new_k), tuple(new_v)
+    masks = attention_masks(positions_bt, start_b, kv_k[0].shape[1], block_mask_btt, window)
+    x_btd, (new_k, new_v) = model.run_blocks(model.embed_tokens(tokens_bt), positions_bt, masks, (kv_k, kv_v), start_b,
+                                             layers)
+    return model.final_norm(x_btd), new_k, new_v
 
 
 def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, live: jax.Array) -> jax.Array:

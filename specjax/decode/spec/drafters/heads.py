@@ -33,11 +33,11 @@ def output_head(model: Transformer, params: HeadParams) -> HeadTable:
     """The head the draft scores tokens with: the reduced one if given, else the target's own."""
     if params.vocab is not None:
         return params.vocab
-    table_vd = model.embed[...] if model.head is None else model.head[...]
+    table_vd = model.head_table()
     return HeadTable.full(table_vd, model.cfg.final_logit_softcap)
 
 
 def vocab_head(model: Transformer, vocab) -> HeadTable:
     """The reduced head of a `DraftVocab` over this target's head rows (with its logit soft-cap)."""
-    table_vd = model.embed[...] if model.head is None else model.head[...]
+    table_vd = model.head_table()
     return vocab.head(table_vd, model.cfg.final_logit_softcap)

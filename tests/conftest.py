@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,11 @@ import pytest
 from flax import nnx
 
 from specjax.models import ModelConfig, Transformer
+
+# Speculation's test modules share oracles across their folders (tests/decode/spec/test_speculative.py,
+# tests/decode/spec/drafters/test_head_drafters.py): both folders are importable whatever the collection order.
+SHARED_TEST_DIRS = [Path(__file__).parent / "decode" / "spec", Path(__file__).parent / "decode" / "spec" / "drafters"]
+sys.path[:0] = [str(d) for d in SHARED_TEST_DIRS if str(d) not in sys.path]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,7 +2,9 @@
 
 The decode loops carry three tricks that exist for XLA:CPU only (docs/performance.md, `quant.py`):
 
-* the loop counter passed as `live` to the one-row int8 head, a no-op XLA cannot prove, so that
+* the exact int8 copy of a quantised head (`quant.py`), read by one-row products: XLA:CPU fuses its
+  conversion into the product; other backends read the float32 table (`Generator` drops the copy);
+* the loop counter passed as `live` to that one-row int8 head, a no-op XLA cannot prove, so that
   loop-invariant code motion does not hoist a float32 copy of the head out of the loop;
 * an `optimization_barrier` before the head, so the final norm stays out of the head's fused product;
 * `IN_PLACE_COMPILER_OPTIONS` (XLA:CPU's copy insertion with region analysis: the donated KV cache
@@ -31,6 +33,7 @@ class BackendProfile:
 
     Attributes:
       name: "cpu" or "accelerator".
+      int8_head: keep the model's int8 head copy for one-row products (else the float32 table).
       live_counter: pass the loop counter to the head as `live` (see the module doc).
       head_barrier: an optimization barrier between the final norm and the head.
       first_token_cond: mark the first-token clock with a `lax.cond` inside the loop (CPU) instead of
@@ -39,6 +42,7 @@ class BackendProfile:
     """
 
     name: str
+    int8_head: bool
     live_counter: bool
     head_barrier: bool
     first_token_cond: bool
@@ -58,9 +62,10 @@ class BackendProfile:
         return dict(self.compiler_options)
 
 
-CPU = BackendProfile("cpu", live_counter=True, head_barrier=True, first_token_cond=True,
+CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
                      compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())))
-ACCELERATOR = BackendProfile("accelerator", live_counter=False, head_barrier=False, first_token_cond=False)
+ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
+                             first_token_cond=False)
 
 
 def profile_for(backend: str | None = None) -> BackendProfile:

@@ -146,9 +146,14 @@ class Generator:
         Raises:
           ShardingError: the mesh cannot hold the model (e.g. heads 'model' does not divide).
         """
+        self.profile = profile or profile_for()
+        if not self.profile.int8_head and getattr(model, "head_quant", None) is not None:
+            # The int8 head copy only pays on XLA:CPU (quant.py): a copy of the module without it,
+            # sharing the weights (the caller's model keeps its copy).
+            model = nnx.merge(*nnx.split(model))
+            model.head_quant = None
         self.model = model
         self.tokenizer = tokenizer
-        self.profile = profile or profile_for()
         self.graphdef, self.params = nnx.split(model)
         self.mesh_plan = None if mesh is None else MeshPlan(mesh, model.cfg, rules)
         if self.mesh_plan is not None:

@@ -19,8 +19,9 @@ def test_each_backend_selects_its_profile():
     assert profile_for("gpu") is ACCELERATOR and profile_for("tpu") is ACCELERATOR
     assert profile_for() is (CPU if jax.default_backend() == "cpu" else ACCELERATOR)
     assert CPU.options == IN_PLACE_COMPILER_OPTIONS and ACCELERATOR.options == {}
-    assert CPU.live_counter and CPU.head_barrier and CPU.first_token_cond
-    assert not (ACCELERATOR.live_counter or ACCELERATOR.head_barrier or ACCELERATOR.first_token_cond)
+    assert CPU.int8_head and CPU.live_counter and CPU.head_barrier and CPU.first_token_cond
+    assert not (ACCELERATOR.int8_head or ACCELERATOR.live_counter or ACCELERATOR.head_barrier
+                or ACCELERATOR.first_token_cond)
     assert ACCELERATOR.live(jax.numpy.int32(3)) is None
 
 
@@ -47,3 +48,27 @@ def test_speculative_decoding_gives_the_same_tokens_under_both_profiles(tiny_mod
         got[profile.name] = [o.tokens for o in gen.generate(PROMPTS, cfg, SpecConfig(k=3, adaptive=False))[0]]
     plain = [o.tokens for o in Generator(tiny_model, ByteTokenizer()).generate(PROMPTS, cfg)[0]]
     assert got["cpu"] == got["accelerator"] == plain
+
+
+def test_the_accelerator_profile_drops_the_int8_head_copy_and_keeps_the_tokens():
+    import numpy as np
+    from conftest import tiny_config
+    from flax import nnx
+
+    from specjax.models.quant import BlockQuant
+    from specjax.models.transformer import Transformer
+
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(2))
+    rng = np.random.default_rng(0)
+    v, d = model.cfg.vocab_size, model.cfg.d_model
+    values = rng.integers(-127, 128, (v, d)).astype(np.int8)
+    scale = np.full((v, 1), 2.0 ** -6, np.float32)
+    assert model.head is None  # tied: the embedding is the head table
+    model.embed.value = jax.numpy.asarray(values * scale)  # exactly what the int8 copy holds
+    model.head_quant = BlockQuant(values, scale)
+    cfg = GenerateConfig(max_new_tokens=10, batch_size=1, ignore_eos=True)  # one row: the int8 product
+    cpu, acc = Generator(model, ByteTokenizer(), profile=CPU), Generator(model, ByteTokenizer(), profile=ACCELERATOR)
+    assert cpu.model.head_quant is not None and acc.model.head_quant is None
+    assert model.head_quant is not None  # the caller's model is left as it was
+    prompts = PROMPTS[:2]
+    assert [o.tokens for o in cpu.generate(prompts, cfg)[0]] == [o.tokens for o in acc.generate(prompts, cfg)[0]]

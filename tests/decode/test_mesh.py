@@ -31,7 +31,9 @@ REAL_PROMPTS = ["The capital of France is", "Write a haiku about the sea.",
 def run_worker(mode: str, timeout: float) -> dict:
     """Runs this file as a script on 8 forced CPU devices; returns its JSON report."""
     flags = os.environ.get("XLA_FLAGS", "")
-    path = os.pathsep.join(str(p) for p in (ROOT, ROOT / "tests", ROOT / "tests" / "decode"))
+    spec_tests = ROOT / "tests" / "decode" / "spec"
+    path = os.pathsep.join(str(p) for p in (ROOT, ROOT / "tests", ROOT / "tests" / "decode", spec_tests,
+                                            spec_tests / "drafters"))
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path,
                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip())
     proc = subprocess.run([sys.executable, __file__, mode], env=env, capture_output=True, text=True,

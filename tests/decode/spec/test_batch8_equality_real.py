@@ -40,7 +40,7 @@ from specjax.models.medusa import MedusaConfig, MedusaHeads, randomize
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prompts"
+DATA = Path(__file__).resolve().parents[4] / "shared" / "data" / "prompts"
 PROMPT_IDS = [  # (file, id): tokens with the chat template
     ("alpaca_seed_tasks.jsonl", "alpaca-seed-seed_task_98-0"),  # paraphrase a paragraph (117)
     ("alpaca_seed_tasks.jsonl", "alpaca-seed-seed_task_42-0"),  # correct a sentence's grammar (54)

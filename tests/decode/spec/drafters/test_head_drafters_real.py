@@ -23,7 +23,7 @@ PROMPTS = [
     "Repeat this list exactly: apples, pears, plums, cherries, figs, dates.\nRepeat this list exactly:",
     "The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",
 ]
-CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "prompts" / "alpaca_eval.jsonl"
+CORPUS = Path(__file__).resolve().parents[5] / "shared" / "data" / "prompts" / "alpaca_eval.jsonl"
 CFG = GenerateConfig(max_new_tokens=32, batch_size=2)
 
 

@@ -213,21 +213,42 @@ def weights_from_gguf(reader) -> dict[str, np.ndarray]:
 
     Llama-architecture Q/K rows are put back in Hugging Face's order (see `unpermute_qk_rows`).
     """
-    import gguf
+    return {name: np.asarray(lazy) for name, lazy in lazy_weights_from_gguf(reader).items()}
 
+
+class LazyTensor:
+    """One GGUF tensor in specjax's layout, dequantized only when converted to an array.
+
+    ``build_model(cfg, lazy_weights_from_gguf(reader))`` holds one float32 tensor at a time besides the model.
+    """
+
+    def __init__(self, tensor, arch: str, heads: dict[str, int]):
+        self._tensor, self._arch, self._heads = tensor, arch, heads
+        self.name = _param_name(tensor.name)
+        dims = tuple(int(d) for d in tensor.shape)  # GGUF order: the fastest-varying (input) dimension first
+        self.shape = dims if self.name.endswith(".w") else dims[::-1]
+
+    def __array__(self, dtype=None, copy=None):
+        import gguf
+
+        t = self._tensor
+        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        module = self.name.rsplit(".", 1)[0].split(".", 2)[-1] if self.name.startswith("blocks.") else ""
+        if self._arch == "llama" and module in self._heads:
+            w = unpermute_qk_rows(w, self._heads[module])
+        # gguf stores [out, in] row-major for linear maps; embeddings stay [vocab, d_model].
+        w = np.ascontiguousarray(w.T) if self.name.endswith(".w") else w
+        return w if dtype is None else w.astype(dtype, copy=False)
+
+
+def lazy_weights_from_gguf(reader) -> dict[str, LazyTensor]:
+    """Every tensor as a `LazyTensor`, by specjax parameter name."""
     arch = _field(reader, "general.architecture")
     n_heads = _field(reader, f"{arch}.attention.head_count")
     heads = {"attn.q": n_heads, "attn.k": _field(reader, f"{arch}.attention.head_count_kv", n_heads)}
-    out = {}
-    for t in reader.tensors:
-        name = _param_name(t.name)
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        module = name.rsplit(".", 1)[0].split(".", 2)[-1] if name.startswith("blocks.") else ""
-        if arch == "llama" and module in heads:
-            w = unpermute_qk_rows(w, int(heads[module]))
-        # gguf stores [out, in] row-major for linear maps; embeddings stay [vocab, d_model].
-        out[name] = np.ascontiguousarray(w.T) if name.endswith(".w") else w
-    return out
+    heads = {k: int(v) for k, v in heads.items() if v is not None}
+    lazy = [LazyTensor(t, arch, heads) for t in reader.tensors]
+    return {t.name: t for t in lazy}
 
 
 def quantized_head_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray] | None:

@@ -183,3 +183,18 @@ def test_cli_prints_one_error_line(tmp_path, capsys):
     assert run(DecodeOptions(model=str(path), prompt="hi", quiet=True)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "qwen2.rope.scaling.type" in err[0]
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])
+def test_lazy_weights_build_the_same_model(files, loaded, name):
+    from specjax.models.gguf_loader import lazy_weights_from_gguf
+    from specjax.models.params import build_model
+
+    path, _ = files[name]
+    reader = open_gguf(path)
+    lazy = lazy_weights_from_gguf(reader)
+    assert all(tuple(t.shape) == np.asarray(t).shape for t in lazy.values())  # shapes known before dequantizing
+    model = build_model(config_from_gguf(reader, path), lazy)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, model.cfg.vocab_size, (1, 12)), jnp.int32)
+    np.testing.assert_array_equal(np.asarray(full_logits(model, tokens)),
+                                  np.asarray(full_logits(loaded[name][0], tokens)))

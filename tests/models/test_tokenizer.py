@@ -292,6 +292,27 @@ def test_gemma_chat_template(tok):
 
 
 @real_model
+def test_gemma_gguf_has_no_template_so_the_builtin_format_is_used(tok, gguf_path):
+    assert "tokenizer.chat_template" not in read_gguf_metadata(gguf_path) and tok.chat_template is None
+
+
+def test_jinja_template_errors_and_bos_are_handled():
+    template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+                "{{ raise_exception('no system role') }}{% endif %}[{{ m['role'] }}]{{ m['content'] | tojson }}"
+                "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    fields = {**_byte_level_fields(), "bos_id": 261, "add_bos": True, "chat_template": template}
+    tok = Tokenizer.from_gguf_fields(**fields)
+    # The template writes BOS itself; encode() adds it too, so the rendered text leaves it out.
+    assert tok.apply_chat_template([{"role": "user", "content": "é"}]) == '[user]"é"[assistant]'
+    assert tok.encode(tok.apply_chat_template([{"role": "user", "content": "x"}]))[:2] == [261, tok.encode("[")[1]]
+    with pytest.raises(TokenizerError, match="refuses this conversation: no system role"):
+        tok.apply_chat_template([{"role": "system", "content": "S"}])
+    with pytest.raises(TokenizerError, match="chat template failed"):
+        Tokenizer.from_gguf_fields(**{**fields, "chat_template": "{{ messages[0].content | nosuchfilter }}"}
+                                   ).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@real_model
 @pytest.mark.parametrize("messages", [
     [{"role": "assistant", "content": "first"}],
     [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],

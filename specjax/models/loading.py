@@ -115,17 +115,22 @@ def load_model(
     """Loads a model by name or path.
 
     Args:
-      model: None or "gemma3-270m" for the embedded default, a `.gguf` file, or a Hugging
-        Face directory (config.json + safetensors + tokenizer.json).
+      model: None or "gemma3-270m" for the embedded default, another name of
+        `specjax.models.registry.MODELS` ("qwen2.5-coder-1.5b-instruct"), a `.gguf` file, or a
+        Hugging Face directory (config.json + safetensors + tokenizer.json).
       dtype: "float32" or "bfloat16" for the weights and activations.
       progress: called with short status lines (the CLI prints them).
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
     """
+    from specjax.models import registry
+
     jdtype = resolve_dtype(dtype)
     if model in (None, "", DEFAULT_MODEL):
         return load_gguf(default_model_path(), jdtype, progress)
+    if str(model) in registry.MODELS:  # another named embedded model
+        return load_gguf(registry.resolve(str(model), progress), jdtype, progress)
     path = Path(model).expanduser()
     if path.is_dir():
         from specjax.models.hf_loader import load_hf_model
@@ -139,6 +144,6 @@ def load_model(
     if path.suffix != ".gguf" and not path.exists():
         raise ModelFileError(
             f"model={model!r}: no such file or directory (expected a .gguf file, a Hugging Face "
-            f"directory or {DEFAULT_MODEL!r})"
+            f"directory or one of {', '.join(registry.MODELS)})"
         )
     return load_gguf(path, jdtype, progress)

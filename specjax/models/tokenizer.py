@@ -64,10 +64,12 @@ class Tokenizer:
       pad_id: padding id, or None for "use the first EOS".
       add_bos: whether :meth:`encode` prepends BOS by default.
       chat_format: "gemma", "chatml" or None (no known template); detected from the vocabulary if omitted.
+      chat_template: the model's own Jinja chat template (a GGUF's ``tokenizer.chat_template``); when given,
+        :meth:`apply_chat_template` renders it, as HF transformers does, instead of the built-in format.
     """
 
     def __init__(self, backend: _Backend, *, bos_id: int | None, eos_ids: Sequence[int], pad_id: int | None,
-                 add_bos: bool, chat_format: str | None = "detect"):
+                 add_bos: bool, chat_format: str | None = "detect", chat_template: str | None = None):
         if not eos_ids:
             raise TokenizerError("a tokenizer needs at least one EOS id")
         if add_bos and bos_id is None:
@@ -80,7 +82,7 @@ class Tokenizer:
                                 if all(backend.token_to_id(m) is not None for m in marks)), None)
         if chat_format is not None and chat_format not in _CHAT_MARKERS:
             raise TokenizerError(f"unknown chat format {chat_format!r}; known: {sorted(_CHAT_MARKERS)}")
-        self._chat_format = chat_format
+        self._chat_format, self._chat_template = chat_format, chat_template
         eos = list(dict.fromkeys(int(i) for i in eos_ids))
         if chat_format is not None:  # a chat model ends its turn with the turn-end marker, not with EOS
             end_of_turn = backend.token_to_id(_CHAT_MARKERS[chat_format][1])
@@ -94,7 +96,7 @@ class Tokenizer:
                          token_types: Sequence[int] | None, bos_id: int | None, eos_id: int,
                          unk_id: int | None, pad_id: int | None,
                          add_bos: bool, add_space_prefix: bool, model: str, *, pre: str = "default",
-                         merges: Sequence[str] | None = None) -> Tokenizer:
+                         merges: Sequence[str] | None = None, chat_template: str | None = None) -> Tokenizer:
         """Builds the tokenizer a GGUF file describes, from its ``tokenizer.ggml.*`` metadata (~2 s for 262k).
 
         Args:
@@ -108,6 +110,7 @@ class Tokenizer:
           model: ``tokenizer.ggml.model``: "llama" (SentencePiece BPE) or "gpt2" (byte-level BPE).
           pre: ``tokenizer.ggml.pre``, the split regex of a byte-level vocabulary.
           merges: ``tokenizer.ggml.merges`` ("left right" strings); required for "gpt2".
+          chat_template: ``tokenizer.chat_template`` (Jinja), or None for the built-in format.
 
         Raises:
           TokenizerError: an unsupported ``model`` or ``pre``, or inconsistent fields.
@@ -149,15 +152,15 @@ class Tokenizer:
                 single=[f"{bos}:0", "$A:0"], pair=[f"{bos}:0", "$A:0", f"{bos}:1", "$B:1"],
                 special_tokens=[(bos, bos_id)])
         return cls(backend, bos_id=bos_id, eos_ids=[eos_id], pad_id=pad_id,
-                   add_bos=bool(add_bos and bos_id is not None))
+                   add_bos=bool(add_bos and bos_id is not None), chat_template=chat_template)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> Tokenizer:
         """Loads an HF ``tokenizer.json`` (or a folder holding one).
 
-        BOS, EOS, padding and ``add_bos_token`` come from a ``tokenizer_config.json`` next to it when
-        present (see :func:`read_tokenizer_config`); otherwise BOS/add_bos are read off the
-        post-processor and EOS is guessed from well-known piece names.
+        BOS, EOS, padding, ``add_bos_token`` and the chat template come from a ``tokenizer_config.json``
+        (or ``chat_template.jinja``) next to it when present (see :func:`read_tokenizer_config`);
+        otherwise BOS/add_bos are read off the post-processor and EOS is guessed from well-known names.
 
         Raises:
           FileNotFoundError: no tokenizer.json at ``path``.
@@ -184,7 +187,10 @@ class Tokenizer:
         if eos_id is None:
             raise TokenizerError(f"cannot tell the EOS token of {file}: tokenizer_config.json names none")
         pad_id = piece_id("pad_token")
-        return cls(backend, bos_id=bos_id, eos_ids=[eos_id], pad_id=pad_id, add_bos=bool(add_bos))
+        jinja = file.parent / "chat_template.jinja"  # where transformers >= 4.43 saves it
+        template = config.get("chat_template") or (jinja.read_text(encoding="utf-8") if jinja.is_file() else None)
+        return cls(backend, bos_id=bos_id, eos_ids=[eos_id], pad_id=pad_id, add_bos=bool(add_bos),
+                   chat_template=template)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes ``tokenizer.json`` and the extra fields (``specjax_tokenizer.json``) into folder ``path``.
@@ -194,7 +200,8 @@ class Tokenizer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         extras = {"version": _EXTRAS_VERSION, "bos_id": self._bos_id, "eos_ids": list(self._eos_ids),
-                  "pad_id": self._pad_id, "add_bos": self._add_bos, "chat_format": self._chat_format}
+                  "pad_id": self._pad_id, "add_bos": self._add_bos, "chat_format": self._chat_format,
+                  "chat_template": self._chat_template}
         for name, text in [("tokenizer.json", self._backend.to_str()), (_EXTRAS_FILE, json.dumps(extras))]:
             tmp = path / f".{name}.{os.getpid()}.tmp"
             tmp.write_text(text, encoding="utf-8")
@@ -219,7 +226,8 @@ class Tokenizer:
         if (version := extras.get("version")) != _EXTRAS_VERSION:
             raise TokenizerError(f"saved tokenizer at {path} has version {version!r}, not {_EXTRAS_VERSION}")
         return cls(backend, bos_id=extras["bos_id"], eos_ids=extras["eos_ids"], pad_id=extras["pad_id"],
-                   add_bos=extras["add_bos"], chat_format=extras["chat_format"])
+                   add_bos=extras["add_bos"], chat_format=extras["chat_format"],
+                   chat_template=extras.get("chat_template"))  # absent from files of older versions
 
     @property
     def vocab_size(self) -> int:
@@ -250,6 +258,11 @@ class Tokenizer:
     def chat_format(self) -> str | None:
         """"gemma", "chatml" or None."""
         return self._chat_format
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's Jinja chat template, or None (the built-in format of :attr:`chat_format` is used)."""
+        return self._chat_template
 
     @property
     def backend(self) -> _Backend:
@@ -337,10 +350,9 @@ class Tokenizer:
                             add_generation_prompt: bool = True) -> str:
         """Renders a conversation as prompt text (without BOS: :meth:`encode` adds it).
 
-        Gemma follows its official template: turns ``<start_of_turn>{role}\\n{content}<end_of_turn>\\n``,
-        roles alternating "user" / "model" ("assistant" accepted), contents stripped, and a leading system
-        message prepended (plus a blank line) to the first user turn. ChatML writes
-        ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, without a default system prompt.
+        A tokenizer holding the model's Jinja template (:attr:`chat_template`) renders it as HF transformers
+        does (Qwen2.5's adds its default system prompt when the conversation has none); otherwise the
+        built-in Gemma or ChatML format is used (`specjax.models.chat_template.render_builtin`).
 
         Args:
           messages: ``{"role": ..., "content": str | [{"type": "text", "text": str}, ...]}`` dicts.
@@ -349,31 +361,27 @@ class Tokenizer:
         Raises:
           TokenizerError: no known template for this tokenizer, or an ill-formed conversation.
         """
-        if self._chat_format is None:
+        from specjax.models.chat_template import ChatTemplateError, render_builtin, render_chat_template
+
+        if self._chat_template is None and self._chat_format is None:
             raise TokenizerError("no chat template is known for this tokenizer (neither Gemma turn markers "
                                  "nor ChatML's <|im_start|>/<|im_end|> are in its vocabulary)")
-        roles = [m.get("role") for m in messages]
-        if self._chat_format == "chatml":
-            body = "".join(f"<|im_start|>{m['role']}\n{_content(m)}<|im_end|>\n" for m in messages)
-            return body + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-        prefix = ""
-        if roles[:1] == ["system"]:
-            if len(messages) < 2:
-                raise TokenizerError("Gemma has no system turn: a system message must precede a user message")
-            prefix, messages, roles = _content(messages[0]) + "\n\n", messages[1:], roles[1:]
-        turns = []
-        for n, (role, message) in enumerate(zip(roles, messages, strict=True)):
-            expected = ("user",) if n % 2 == 0 else ("model", "assistant")
-            if role not in expected:
-                raise TokenizerError(f"message {n} has role {role!r}, expected {' or '.join(expected)}: "
-                                     "Gemma wants an optional system message, then alternating user/model")
-            text = (prefix if n == 0 else "") + _content(message, strip=True)
-            turns.append(f"<start_of_turn>{expected[0]}\n{text}<end_of_turn>\n")
-        return "".join(turns) + ("<start_of_turn>model\n" if add_generation_prompt else "")
+        piece = lambda i: None if i is None else self._backend.id_to_token(i)
+        bos = piece(self._bos_id)
+        try:
+            if self._chat_template is None:
+                return render_builtin(self._chat_format, messages, add_generation_prompt)
+            text = render_chat_template(self._chat_template, messages, add_generation_prompt,
+                                        bos_token=bos, eos_token=piece(self._eos_ids[0]))
+        except ChatTemplateError as e:
+            raise TokenizerError(str(e)) from None
+        # Templates that write BOS themselves (Gemma's) would get a second one from encode().
+        return text[len(bos):] if self._add_bos and bos and text.startswith(bos) else text
 
 
 def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``bos_token``, ``eos_token``, ``pad_token`` and ``add_bos_token`` of a ``tokenizer_config.json``.
+    """The ``bos_token``, ``eos_token``, ``pad_token``, ``add_bos_token`` and ``chat_template`` of a
+    ``tokenizer_config.json``.
 
     Token values are returned as piece strings (HF also writes them as ``{"content": ...}`` dicts).
     Missing keys are left out; a missing file gives ``{}``.
@@ -392,16 +400,9 @@ def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
             out[key] = value
     if isinstance(config.get("add_bos_token"), bool):
         out["add_bos_token"] = config["add_bos_token"]
+    if isinstance(config.get("chat_template"), str):
+        out["chat_template"] = config["chat_template"]
     return out
-
-
-def _content(message: Mapping[str, Any], strip: bool = False) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content.strip() if strip else content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(p["text"].strip() if strip else p["text"] for p in content)  # Gemma trims each part
-    raise TokenizerError(f"unsupported message content {content!r}: expected a string or text parts")
 
 
 def _sentencepiece_backend(tokens: list[str], scores: list[float], types: list[int], unk_id: int | None,

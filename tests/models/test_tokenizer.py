@@ -292,6 +292,27 @@ def test_gemma_chat_template(tok):
 
 
 @real_model
+def test_gemma_gguf_has_no_template_so_the_builtin_format_is_used(tok, gguf_path):
+    assert "tokenizer.chat_template" not in read_gguf_metadata(gguf_path) and tok.chat_template is None
+
+
+def test_jinja_template_errors_and_bos_are_handled():
+    template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+                "{{ raise_exception('no system role') }}{% endif %}[{{ m['role'] }}]{{ m['content'] | tojson }}"
+                "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    fields = {**_byte_level_fields(), "bos_id": 261, "add_bos": True, "chat_template": template}
+    tok = Tokenizer.from_gguf_fields(**fields)
+    # The template writes BOS itself; encode() adds it too, so the rendered text leaves it out.
+    assert tok.apply_chat_template([{"role": "user", "content": "é"}]) == '[user]"é"[assistant]'
+    assert tok.encode(tok.apply_chat_template([{"role": "user", "content": "x"}]))[:2] == [261, tok.encode("[")[1]]
+    with pytest.raises(TokenizerError, match="refuses this conversation: no system role"):
+        tok.apply_chat_template([{"role": "system", "content": "S"}])
+    with pytest.raises(TokenizerError, match="chat template failed"):
+        Tokenizer.from_gguf_fields(**{**fields, "chat_template": "{{ messages[0].content | nosuchfilter }}"}
+                                   ).apply_chat_template([{"role": "user", "content": "x"}])
+
+
+@real_model
 @pytest.mark.parametrize("messages", [
     [{"role": "assistant", "content": "first"}],
     [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
@@ -333,6 +354,20 @@ def test_from_file_reads_tokenizer_config(tok, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ no model needed
+def test_from_file_reads_the_chat_template(tmp_path):
+    tok = Tokenizer.from_gguf_fields(**_byte_level_fields())
+    (tmp_path / "tokenizer.json").write_text(tok.backend.to_str(), encoding="utf-8")
+    assert Tokenizer.from_file(tmp_path).chat_template is None
+    (tmp_path / "chat_template.jinja").write_text("J{{ messages[0]['content'] }}", encoding="utf-8")
+    assert Tokenizer.from_file(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "Jx"
+    config = {"eos_token": "<|im_end|>", "chat_template": "C{{ messages[0]['content'] }}"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    from_config = Tokenizer.from_file(tmp_path)
+    assert from_config.apply_chat_template([{"role": "user", "content": "x"}]) == "Cx"
+    loaded = (from_config.save(tmp_path / "saved"), Tokenizer.load(tmp_path / "saved"))[1]
+    assert loaded.chat_template == config["chat_template"] and loaded.eos_ids == from_config.eos_ids
+
+
 def test_missing_files_are_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "nope" / "tokenizer.json"))):
         Tokenizer.from_file(tmp_path / "nope" / "tokenizer.json")

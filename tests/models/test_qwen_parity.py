@@ -1,0 +1,135 @@
+"""The real Qwen2.5-Coder-1.5B-Instruct GGUF (the `qwen` extra) against HF transformers reading the same file.
+
+HF runs first, in a subprocess (tests/models/qwen_hf_reference.py) that saves its outputs as .npy and exits,
+so its float32 copy (6.2 GB) is freed before specjax builds its own from the GGUF tensor by tensor: the test
+peaks at one float32 model plus one tensor (~7.5 GB), never two models.
+
+Checked on three chat-templated prompts (HumanEval code, a SpecBench writing prompt, a Chinese one): top-1 at
+every prompt position, max |Δlogit|, and a 64-token greedy continuation; plus tokenizer ids on varied text.
+
+Tolerance: both sides dequantize the Q4_K/Q6_K blocks to identical float32 values (the tiny-file tests check
+this bit for bit), so the logits differ only by float32 rounding in different operation orders over 28
+layers. LOGIT_TOL = 2e-2 on logits of magnitude ~10-40 (float32 ulp at 32 is ~4e-6; measured max |Δ| on
+2026-12-01 was 2.0e-3 to 3.3e-3), while a real mapping error moves logits by O(1) (the tiny-file mutation of
+a missing Q/K un-permutation: 7.6).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import forward, full_logits, logits_of
+
+pytestmark = pytest.mark.slow
+
+LOGIT_TOL = 2e-2
+STEPS = 64
+_ROOTS = [Path(__file__).parents[2].parent, Path(__file__).parents[2].parent.parent]  # checkout or worktree
+PROMPTS = next((r / "shared/data/prompts" for r in _ROOTS if (r / "shared/data/prompts").is_dir()), None)
+TEXTS = [
+    "def reverse(s: str) -> str:\n    return s[::-1]\n\n\nclass Foo(Bar):\n\tpass  # tab\n",
+    "naïve café — “quotes” ½ ∑ x² → ∞, ÅÉÎ, ﬁ ligature, Ελληνικά, русский",
+    "emoji 🙂👍🏽🇫🇷 and ZWJ 👩‍💻 done",
+    "spaces:      eight   and\n\n\n\nnewlines\r\n\tand tabs\t\t\t|",
+    "中文：请写一个函数，把字符串反转。谢谢！1234567890",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|endoftext|><tool_call>",
+    "numbers 3.14159 1,000,000 0x1F and 2026-12-01T12:00:00Z",
+    "",
+]
+
+
+def _path() -> Path:
+    from specjax.models import registry
+    from specjax.models.gguf_loader import ModelFileError
+
+    try:
+        registry.part_paths(registry.QWEN_CODER)
+    except ModelFileError as e:
+        pytest.skip(f"the qwen extra is not installed ({e})")
+    return registry.resolve(registry.QWEN_CODER.name)
+
+
+def _conversations() -> list[list[dict]]:
+    assert PROMPTS is not None, "tests expect the shared/ data folder beside the checkout"
+    first = lambda name: json.loads((PROMPTS / name).read_text().splitlines()[0])["prompt"]
+    return [[{"role": "user", "content": first("humaneval_dev.jsonl")}],
+            [{"role": "user", "content": first("specbench_dev.jsonl")}],
+            [{"role": "system", "content": "你是一个乐于助人的编程助手。"},
+             {"role": "user", "content": "用Python写一个函数，判断一个字符串是否是回文，并解释思路。"}]]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    path = _path()
+    out = tmp_path_factory.mktemp("qwen_hf")
+    job = out / "job.json"
+    job.write_text(json.dumps({"conversations": _conversations(), "texts": TEXTS, "steps": STEPS}))
+    t0 = time.perf_counter()
+    script = Path(__file__).with_name("qwen_hf_reference.py")
+    subprocess.run([sys.executable, str(script), str(path), str(job), str(out)], check=True, timeout=3600)
+    print(f"\nHF reference: {time.perf_counter() - t0:.0f} s")
+    return path, out
+
+
+@pytest.fixture(scope="module")
+def ours(reference):
+    from specjax.models.gguf_loader import config_from_gguf, lazy_weights_from_gguf, open_gguf, tokenizer_fields
+    from specjax.models.params import build_model
+    from specjax.models.tokenizer import Tokenizer
+
+    path, _ = reference
+    t0 = time.perf_counter()
+    reader = open_gguf(path)
+    model = build_model(config_from_gguf(reader, path), lazy_weights_from_gguf(reader))
+    tok = Tokenizer.from_gguf_fields(**tokenizer_fields(reader))
+    print(f"\nspecjax load: {time.perf_counter() - t0:.0f} s")
+    return model, tok
+
+
+def test_tokenizer_ids_match_transformers(reference, ours):
+    _, out = reference
+    _, tok = ours
+    expected = json.loads((out / "texts.json").read_text())
+    for text, ids in zip(TEXTS, expected, strict=True):
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids, skip_special=False) == text
+
+
+def _greedy(model, prompt: np.ndarray, steps: int) -> list[int]:
+    cache = model.init_cache(1, len(prompt) + steps)
+    start = jnp.zeros((1,), jnp.int32)
+    hidden, cache = forward(model, jnp.asarray(prompt[None]), jnp.arange(len(prompt))[None], cache, start)
+    nxt, out = int(jnp.argmax(logits_of(model, hidden[:, -1:]))), []
+    for i in range(steps):
+        out.append(nxt)
+        pos = jnp.asarray([[len(prompt) + i]], jnp.int32)
+        hidden, cache = forward(model, jnp.asarray([[nxt]], jnp.int32), pos, cache, pos[:, 0])
+        nxt = int(jnp.argmax(logits_of(model, hidden)))
+    return out
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_logits_and_greedy_continuation_match_transformers(reference, ours, i):
+    _, out = reference
+    model, tok = ours
+    prompt = np.load(out / f"prompt_{i}.npy")
+    assert tok.encode(tok.apply_chat_template(_conversations()[i])) == prompt.tolist()  # same template, same ids
+    expected = np.load(out / f"logits_{i}.npy")
+    got = np.asarray(full_logits(model, jnp.asarray(prompt[None])))[0]
+    delta = np.abs(got - expected).max()
+    top1 = (got.argmax(-1) == expected.argmax(-1)).mean()
+    greedy, want = _greedy(model, prompt, STEPS), np.load(out / f"greedy_{i}.npy").tolist()
+    first = next((n for n, (a, b) in enumerate(zip(greedy, want, strict=True)) if a != b), None)
+    print(f"\nprompt {i}: {len(prompt)} tokens, max |dlogit| {delta:.2e}, top-1 agreement {top1:.3f}, "
+          f"greedy first divergence {first}; ours: {tok.decode(greedy)!r}")
+    assert top1 == 1.0 and delta < LOGIT_TOL
+    assert greedy == want
+    jax.clear_caches()

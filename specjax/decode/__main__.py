@@ -28,6 +28,9 @@ def main() -> None:
         if code:
             sys.exit(code)
 
+    from specjax.compile_cache import enable_compile_cache
+
+    enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
     app()
 
 

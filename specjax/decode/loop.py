@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax import compile_cache
 from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
 from specjax.decode.sampling import SamplingConfig, sample
@@ -71,6 +72,17 @@ class FirstTokenClock:
 
     def mark(self, _) -> None:
         self.t = time.perf_counter()
+
+    @staticmethod
+    def enabled() -> bool:
+        """Whether programs traced now carry the clock: not while JAX's persistent compilation cache is on,
+        which never stores a program with a host callback (`specjax.compile_cache`)."""
+        return not compile_cache.active()
+
+    def first_token_time(self, t_call: float, t_end: float) -> float:
+        """When the call's first token was sampled; without a clock, the call's start (rates then include
+        the prefill)."""
+        return self.t or (t_end if self.enabled() else t_call)
 
 
 CLOCK = FirstTokenClock()
@@ -198,7 +210,8 @@ def generate_program(
         tok_b = next_tokens(model, s.hidden_b1d, s.steps, sub, sampling, temperature, top_p, grammar, s.gram_b)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
-        jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
+        if CLOCK.enabled():
+            jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
         s = _emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables, grammar)
         # One forward after the last token is wasted; skipping it would need a cond around
         # the cache update, which costs more than it saves.

@@ -90,7 +90,8 @@ def speculative_program(
     if grammar is not None:
         first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
     first_b = sample(first_logits_bv, sub, sampling, temperature, top_p)
-    jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
+    if loop.CLOCK.enabled():
+        jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
     n_stop = 0 if stop_tables is None else stop_tables.count
     probe_every = 0 if adapt is None else adapt.probe_every
@@ -373,7 +374,7 @@ class SpeculativeGenerator(Generator):
                               state.plain_rounds_b, state.drafted_bk, state.accepted_bk, state.draft_tokens_b))
         t_end = time.perf_counter()
         self._cache = state.cache
-        first_t = loop.CLOCK.t or t_end
+        first_t = loop.CLOCK.first_token_time(t_call, t_end)
         out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk, draft_tokens_b = out
         decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())
         self._decode_tokens += decode_tokens

@@ -133,15 +133,33 @@ def _check_finite(weights: dict[str, np.ndarray], path: Path) -> None:
                                  "replace it (e.g. download it again)")
 
 
-def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Tokenizer]:
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+                 "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as read-only views of one memory map (no copy: build_model's
+    device transfer is the only one; safetensors' load_file copies 1 GB more, ~1.5 s of a start)."""
     from safetensors.numpy import load_file
 
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    if any(info["dtype"] not in _NUMPY_DTYPES for info in header.values()):
+        return load_file(str(path))  # e.g. bfloat16, which numpy lacks
+    data = np.memmap(path, np.uint8, mode="r", offset=8 + n) if header else None
+    return {name: data[info["data_offsets"][0]:info["data_offsets"][1]].view(_NUMPY_DTYPES[info["dtype"]])
+            .reshape(info["shape"]) for name, info in header.items()}
+
+
+def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Tokenizer]:
     cfg = config_from_json((folder / "config.json").read_text())
-    weights: dict[str, np.ndarray] = load_file(str(folder / "weights.safetensors"))
+    weights = read_safetensors(folder / "weights.safetensors")
     model = build_model(cfg, weights, dtype, source=source)
     head_file = folder / "head_quant.safetensors"
     if dtype == jnp.float32 and head_file.is_file():  # exact copy of the float32 values (not of bf16's)
-        h = load_file(str(head_file))
+        h = read_safetensors(head_file)
         model.head_quant = BlockQuant(h["values"], h["scale"], h.get("offset"))
     return model, Tokenizer.load(folder / "tokenizer")
 
@@ -182,8 +200,8 @@ def load_gguf(
         progress("loading cached weights")
         try:
             return _read_converted(target, dtype, source)
-        except (OSError, ValueError, SafetensorError, TokenizerError, WeightsError) as e:  # verified, yet unreadable
-            if attempt == 2:
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError) as e:
+            if attempt == 2:  # verified, yet unreadable twice: not damage a rebuild repairs
                 raise ModelFileError(f"the converted model at {target} is unreadable ({e}); delete that folder "
                                      "and run again") from None
             artifacts.warn(f"the cached conversion at {target} is unreadable ({type(e).__name__}: {e}); "

@@ -106,3 +106,21 @@ def test_damaged_model_file_is_one_error_line(tmp_path, tiny_gguf, monkeypatch, 
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tiny_gguf}: tensor ") and err.count("\n") == 1
     assert "the file is damaged; replace it" in err and "Traceback" not in err
+
+
+def test_compile_cache_entries_cut_short_are_dropped_once(tmp_path, capsys, monkeypatch):
+    """JAX writes entries in place and never replaces one: a cut-short entry warned and recompiled every start."""
+    from jax._src import compilation_cache as jax_cache
+
+    from specjax import compile_cache
+
+    payload = jax_cache.compress_executable(os.urandom(20_000))
+    good, cut = tmp_path / "jit_f-1-cache", tmp_path / "jit_g-2-cache"
+    good.write_bytes(payload)
+    cut.write_bytes(payload[: len(payload) // 2])
+    assert compile_cache.drop_damaged_entries(tmp_path) == [cut]
+    assert good.exists() and not cut.exists()
+    err = capsys.readouterr().err
+    assert err == f"warning: removed 1 damaged compiled program(s) from {tmp_path} (compiled again when needed)\n"
+    monkeypatch.setattr(jax_cache, "decompress_executable", lambda b: pytest.fail("checked entries are not re-read"))
+    assert compile_cache.drop_damaged_entries(tmp_path) == []

@@ -125,10 +125,3 @@ def test_compile_cache_entries_cut_short_are_dropped_once(tmp_path, capsys, monk
     monkeypatch.setattr(jax_cache, "decompress_executable", lambda b: pytest.fail("checked entries are not re-read"))
     assert compile_cache.drop_damaged_entries(tmp_path) == []
 
-
-def test_train_main_called_in_process_leaves_the_compile_cache_off(capsys):
-    """Only `python -m` turns it on: a test session calling main() keeps the first-token clock of later tests."""
-    from specjax.train.__main__ import main
-
-    assert main(["stepz=3"]) == 2
-    assert not active()

@@ -11,8 +11,9 @@ folders left by killed builders are removed by the next builder of the same entr
 
 The checksum sums each 1 MiB block as 64-bit words (numpy, over a memory map) and hashes the block sums:
 it catches garbage, zeroed pages and truncation anywhere in a file (a changed block changes its sum
-unless the change is crafted to cancel out: this is a check against damage, not against an adversary)
-and costs ~0.15-0.3 s for the 1.26 GB of the converted Gemma 3 270M, against ~1.4 s for zlib's CRC-32.
+unless the change is crafted to cancel out: this is a check against damage, not against an adversary).
+On the 1.26 GB of the converted Gemma 3 270M it took 0.51-0.56 s, against 2.4-2.8 s for zlib's CRC-32 and
+0.83-1.25 s for a plain buffered read (2 cores under load 18, 2026-12-01, noisy).
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ def main() -> None:
             sys.exit(code)
 
     sys.argv[1:] = flat_overrides(sys.argv[1:])  # spec=ngram spec_k=8 → spec.method=ngram spec.k=8
+    from specjax.compile_cache import enable_compile_cache
+
+    enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
     app()
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from specjax.compile_cache import ENV, persistent_cache_hits
 from specjax.decode import constrain, loop
 from specjax.decode.backend import BackendProfile, profile_for
 from specjax.decode.errors import GenerationError
@@ -108,6 +109,9 @@ class Stats:
     ms_per_token: float = 0.0
     compiled: int = 0
     compile_s: float = 0.0
+    trace_s: float = 0.0  # of compile_s: tracing and lowering the programs (paid with or without the compile cache)
+    cached: int = 0  # of `compiled`, programs loaded from the persistent compile cache, in `cached_s` of compile_s
+    cached_s: float = 0.0
     decode_s: float = 0.0  # summed over batches: time after each batch's first token
     decode_tokens: int = 0  # tokens produced in that time (all rows)
     decode_steps: int = 0  # loop steps (per-row tokens) in that time
@@ -121,10 +125,23 @@ class Stats:
         self.ms_per_token = self.decode_s * 1e3 / max(self.decode_steps, 1)
 
     def line(self) -> str:
+        timed = self.ttft_ms == self.ttft_ms  # NaN: the programs carried no first-token clock (compile cache on)
         return (f"{self.prompts} prompt(s), {self.new_tokens} new tokens in {self.wall_s:.2f} s: "
-                f"{self.tokens_per_s:.1f} tok/s overall, {self.decode_tokens_per_s:.1f} tok/s decoding, "
-                f"{self.ms_per_token:.1f} ms/step, prefill {self.prefill_ms:.0f} ms, TTFT {self.ttft_ms:.0f} ms"
-                + (f" (+{self.compile_s:.1f} s compiling {self.compiled} program(s))" if self.compiled else ""))
+                f"{self.tokens_per_s:.1f} tok/s overall, {self.decode_tokens_per_s:.1f} tok/s decoding"
+                + (f", {self.ms_per_token:.1f} ms/step, prefill {self.prefill_ms:.0f} ms, TTFT {self.ttft_ms:.0f} ms"
+                   if timed else f" (prefill included), {self.ms_per_token:.1f} ms/step, TTFT not timed "
+                   f"(cached programs carry no clock; {ENV}=0 times it)") + self._compile_note())
+
+    def _compile_note(self) -> str:
+        """The one-off time apart: tracing, compiling (grammar tables included) and loading cached programs."""
+        if not self.compile_s:
+            return ""
+        fresh, parts = self.compiled - self.cached, [f"tracing {self.trace_s:.1f} s"] if self.compiled else []
+        if fresh or not self.compiled:
+            parts.append(f"compiling {fresh} program(s) {self.compile_s - self.trace_s - self.cached_s:.1f} s")
+        if self.cached:
+            parts.append(f"loading {self.cached} from the compile cache {self.cached_s:.2f} s")
+        return f" (+{self.compile_s:.1f} s one-off: {', '.join(parts)})"
 
 
 class Generator:
@@ -234,9 +251,11 @@ class Generator:
         for start in range(0, len(ids), cfg.batch_size):
             chunk = ids[start:start + cfg.batch_size]
             out, first_t, t_call = self._run_batch(chunk, cfg, stops, progress, stats, seed_offset=start)
-            if start == 0:
+            if start == 0 and loop.CLOCK.enabled():
                 stats.prefill_ms = (first_t - t_call) * 1e3
                 stats.ttft_ms = (first_t - t_start - stats.compile_s) * 1e3
+            elif start == 0:  # programs from the persistent compile cache carry no clock
+                stats.prefill_ms = stats.ttft_ms = float("nan")
             for j in range(len(chunk)):
                 completions.append(self._completion(prompts[start + j], out, j, cfg))
         t_end = time.perf_counter()
@@ -302,13 +321,22 @@ class Generator:
         jax.clear_caches()
 
     def _program(self, key, lower: Callable, what: str, progress, stats: Stats):
-        """The compiled executable for `key`, compiling (timed apart) on first use."""
+        """The compiled executable for `key`, compiling (timed apart) or loading it from the persistent
+        compile cache on first use."""
         if key not in self._programs:
             progress(f"compiling {what} (once per shape)")
-            t0 = time.perf_counter()
-            self._programs[key] = lower().compile()
+            t0, hits = time.perf_counter(), persistent_cache_hits()
+            lowered = lower()
+            t1 = time.perf_counter()
+            self._programs[key] = lowered.compile()
+            t2 = time.perf_counter()
             stats.compiled += 1
-            stats.compile_s += time.perf_counter() - t0
+            stats.compile_s += t2 - t0
+            stats.trace_s += t1 - t0
+            if persistent_cache_hits() > hits:
+                stats.cached += 1
+                stats.cached_s += t2 - t1
+                progress(f"traced in {t1 - t0:.2f} s, loaded from the compile cache in {t2 - t1:.2f} s")
         return self._programs[key]
 
     def _run_batch(self, chunk, cfg: GenerateConfig, stops, progress, stats: Stats, seed_offset: int):
@@ -322,7 +350,7 @@ class Generator:
         out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps))
         t_end = time.perf_counter()
         self._cache = state.cache
-        first_t = loop.CLOCK.t or t_end
+        first_t = loop.CLOCK.first_token_time(t_call, t_end)
         steps = int(out[3]) - 1  # loop iterations after the one that sampled the first token
         if steps > 0:
             stats.add_decode(t_end - first_t, int(out[1].sum()) - len(chunk), steps)

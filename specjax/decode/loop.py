@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax import compile_cache
 from specjax.decode import constrain
 from specjax.decode import stops as stops_lib
 from specjax.decode.backend import BackendProfile, decode_program
@@ -73,6 +74,17 @@ class FirstTokenClock:
 
     def mark(self, _) -> None:
         self.t = time.perf_counter()
+
+    @staticmethod
+    def enabled() -> bool:
+        """Whether programs traced now carry the clock: not while JAX's persistent compilation cache is on,
+        which never stores a program with a host callback (`specjax.compile_cache`)."""
+        return not compile_cache.active()
+
+    def first_token_time(self, t_call: float, t_end: float) -> float:
+        """When the call's first token was sampled; without a clock, the call's start (rates then include
+        the prefill)."""
+        return self.t or (t_end if self.enabled() else t_call)
 
 
 CLOCK = FirstTokenClock()
@@ -193,16 +205,17 @@ def generate_program(
                             s.gram_b)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
-        if mark:
-            jax.debug.callback(CLOCK.mark, jnp.max(tok_b))
-        elif profile.first_token_cond:
-            jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
+        if CLOCK.enabled():
+            if mark:
+                jax.debug.callback(CLOCK.mark, jnp.max(tok_b))
+            elif profile.first_token_cond:
+                jax.lax.cond(s.steps == 0, lambda: jax.debug.callback(CLOCK.mark, jnp.max(tok_b)), lambda: None)
         s = emit(s.replace(key=key, steps=s.steps + 1), tok_b, active_b, max_new, eos_ids, stop_tables, grammar)
         # One forward after the last token is wasted; skipping it would need a cond around
         # the cache update, which costs more than it saves.
         hidden_b1d, cache = model(tok_b[:, None], s.pos_b[:, None], s.cache, s.pos_b)
         return s.replace(cache=cache, hidden_b1d=hidden_b1d, pos_b=s.pos_b + active_b.astype(jnp.int32))
 
-    if not profile.first_token_cond:
+    if not profile.first_token_cond and CLOCK.enabled():
         state = body(state, mark=True)  # the first token's iteration, peeled off for the clock
     return jax.lax.while_loop(cond, body, state)

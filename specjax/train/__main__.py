@@ -66,4 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from specjax.compile_cache import enable_compile_cache
+
+    # At the process's edge, not in main(): tests call main() in a process whose other programs keep their clock.
+    enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
     sys.exit(main())

@@ -192,7 +192,7 @@ def test_tiny_gemma3_round_trip_and_cache(tmp_path, monkeypatch):
     assert tok.decode(tok.encode(text), skip_special=False) == "<bos>" + text
     assert (tok.bos_id, tok.eos_ids, tok.vocab_size) == (2, (1, 5), len(TOKENS))
 
-    entries = list((tmp_path / "cache").iterdir())
+    entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
     assert len(entries) == 1 and entries[0].name.startswith("gguf-")  # no leftover temporary folder
     assert {"config.json", "weights.safetensors", "tokenizer"} <= {p.name for p in entries[0].iterdir()}
 

@@ -178,7 +178,7 @@ class SpeculativeGenerator(Generator):
                               cnt.plain_rounds_b, cnt.drafted_bk, cnt.accepted_bk, cnt.draft_tokens_b))
         t_end = time.perf_counter()
         self._cache = state.row.cache
-        first_t = loop.CLOCK.t or t_end
+        first_t = loop.CLOCK.first_token_time(t_call, t_end)
         out_bn, count_b, reason_b, steps, rounds_b, plain_rounds_b, drafted_bk, accepted_bk, draft_tokens_b = out
         decode_tokens = int(np.maximum(count_b[active_b] - 1, 0).sum())
         self._decode_tokens += decode_tokens

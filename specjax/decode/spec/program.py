@@ -75,7 +75,8 @@ def speculative_program(
     if grammar is not None:
         first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
     first_b = sample(first_logits_bv, sub, sampling, inputs.temperature, inputs.top_p)
-    jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
+    if loop.CLOCK.enabled():
+        jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
     ctx = RoundContext.create(model, draft_params, k, drafter, sampling, inputs.temperature, inputs.top_p,
                               inputs.max_new, eos_ids, inputs.stop_tables, adapt, grammar, profile)

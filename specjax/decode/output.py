@@ -6,10 +6,13 @@ as soon as it finishes, so a failure or a Ctrl-C late in a long run keeps the fi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -36,6 +39,22 @@ def check_writable(path: str) -> None:
         raise OptionError(f"output={path!r}: cannot write ({e.strerror})") from None
     if not existed:
         os.unlink(p)
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Holds back SIGINT (Ctrl-C) inside the block and raises KeyboardInterrupt after it, if one came."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 class CompletionWriter:
@@ -65,7 +84,12 @@ class CompletionWriter:
         self.close()
 
     def batch(self, completions: list[Completion]) -> None:
-        """Writes a finished batch (called by `Generator.generate(on_batch=...)`)."""
+        """Writes a finished batch (called by `Generator.generate(on_batch=...)`); a Ctrl-C meanwhile waits
+        until the batch is written to both stdout and the file, so the two always hold the same rows."""
+        with deferred_interrupt():
+            self._write(completions)
+
+    def _write(self, completions: list[Completion]) -> None:
         out = self._stdout or sys.stdout
         for c in completions:
             if self.total > 1:

@@ -6,7 +6,7 @@ README state: an option whose value is text (every `str` field of the options: p
 paths, ...) takes everything after its first `=` verbatim. One pair of matching quotes around the whole
 value is removed (`'prompt="Hello, world"'`, Hydra's quoting, still works); a value of exactly `null` is
 left to Hydra (unset). `stop=` takes one string with backslash escapes (`\\n`, `\\t`, `\\uXXXX`) or a
-JSON list of such strings: `'stop=["\\n\\n","###"]'` stops at a blank line.
+list (JSON, Python or bare `[END,###]`) of such strings: `'stop=["\\n\\n","###"]'` stops at a blank line.
 """
 
 from __future__ import annotations
@@ -43,18 +43,22 @@ def strip_quotes(value: str) -> str:
 
 
 def _literal_list(value: str) -> Any:
-    """A `[...]` value parsed as JSON, else as a Python literal; None if it is neither (Hydra's `[END,###]`)."""
+    """A `[...]` value parsed as JSON, else as a Python literal, else as bare comma-separated items
+    (Hydra's `[END,###]`), each with escapes decoded."""
     try:
         return json.loads(value)
     except json.JSONDecodeError:
         try:
             return ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            return None
+            if not value.endswith("]"):
+                return None
+            return [unescape(strip_quotes(item.strip())) for item in value[1:-1].split(",")]
 
 
 def parse_stop(value: str) -> list[str]:
-    """stop= as a list of stop strings: a JSON (or Python) list of strings, or one string; escapes decoded."""
+    """stop= as a list of stop strings: a JSON (or Python, or bare) list of strings, or one string;
+    escapes decoded."""
     value = value.strip()
     if not value:
         return []
@@ -104,7 +108,7 @@ def split_free_text(args: Sequence[str], schema: type) -> tuple[list[str], dict[
         key, eq, value = arg.partition("=")
         if eq and key in strings and value != "null":
             free[key] = check_utf8(key, strip_quotes(value))
-        elif eq and key in lists and not (value.strip().startswith("[") and _literal_list(value.strip()) is None):
+        elif eq and key in lists:
             free[key] = [check_utf8(key, s) for s in parse_stop(value)]
         else:
             overrides.append(check_utf8(key or arg, arg))

@@ -2,7 +2,8 @@
 
 Command-line tests run `python -m specjax.decode model=<this directory>` in a subprocess: the real
 loading path, in seconds, without the embedded Gemma. The tokenizer is byte-level BPE without merges
-(one token per byte, GPT-2's byte alphabet) plus <s> and </s>, so any text round-trips.
+(one token per byte, GPT-2's byte alphabet) plus <s>, </s> and ChatML's turn markers, so any text
+round-trips and chat=true has a template. Six layers: the README's layer-skip example drafts with four.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+SHAPE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
 
 
@@ -29,7 +30,7 @@ def _tokenizer_json(vocab: dict[str, int]) -> str:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<s>", "</s>"])
+    tok.add_special_tokens(["<s>", "</s>", "<|im_start|>", "<|im_end|>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     return tok.to_str()
 
@@ -49,7 +50,8 @@ def write_tiny_hf_model(directory: str | Path, seed: int = 0, max_positions: int
     d.mkdir(parents=True, exist_ok=True)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    vocab.update({"<s>": len(vocab), "</s>": len(vocab) + 1})
+    for special in ("<s>", "</s>", "<|im_start|>", "<|im_end|>"):  # ChatML markers: chat=true works
+        vocab[special] = len(vocab)
     n_vocab = len(vocab)
     (d / "tokenizer.json").write_text(_tokenizer_json(vocab), encoding="utf-8")
     config = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=n_vocab, **SHAPE,

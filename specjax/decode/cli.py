@@ -15,6 +15,7 @@ from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.inputs import OptionError, check_grammar_inputs, check_limit, collect_prompts
 from specjax.decode.output import CompletionWriter
 from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.grammar.errors import GrammarError
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.params import WeightsError
@@ -22,8 +23,9 @@ from specjax.models.sharding import ShardingError
 from specjax.models.tokenizer import TokenizerError
 
 # Errors that are the user's input, reported as one line without a traceback.
-USER_ERRORS = (ConfigError, GenerationError, GrammarSpecError, ModelFileError, SamplingError, ShardingError,
-               TokenizerError, WeightsError, FileNotFoundError)
+# GrammarError: the compiler's own, should one escape `compile_spec`'s translation to GrammarSpecError.
+USER_ERRORS = (ConfigError, GenerationError, GrammarError, GrammarSpecError, ModelFileError, SamplingError,
+               ShardingError, TokenizerError, WeightsError, FileNotFoundError)
 
 
 @dataclasses.dataclass

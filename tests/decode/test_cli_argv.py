@@ -94,3 +94,14 @@ def test_did_you_mean():
 def test_non_finite_floats_are_refused(value):
     with pytest.raises(UsageError, match="temperature=.*: must be a finite number"):
         check_finite(DecodeOptions(temperature=value))
+
+
+def test_prompt_file_is_one_prompt_without_its_final_newline(tmp_path):
+    from specjax.decode.inputs import OptionError, collect_prompts
+
+    f = tmp_path / "p.txt"
+    f.write_text("first line, with 'quotes'\n\nthird: [x]\r\n", encoding="utf-8")
+    assert collect_prompts(None, str(f), None, None) == ["first line, with 'quotes'\n\nthird: [x]"]
+    f.write_text("\n")
+    with pytest.raises(OptionError, match="the prompt is empty"):
+        collect_prompts(None, str(f), None, None)

@@ -147,6 +147,14 @@ def check_finite(options: Any, prefix: str = "") -> None:
             raise UsageError(f"{prefix}{f.name}={value}: must be a finite number")
 
 
+def config_missing(path: Path) -> bool:
+    """Prints the one error line when a command's YAML is absent (specjax installed without its configs/)."""
+    if path.is_file():
+        return False
+    print(f"error: {path} not found; install specjax from its source tree (pip install -e .)", file=sys.stderr)
+    return True
+
+
 def run_command(body: Callable[[], int]) -> int:
     """Runs a command's body: UsageError → one line and exit 2; Ctrl-C → one line and exit 130."""
     try:

@@ -51,12 +51,11 @@ def parse(args: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specjax.cli_errors import config_missing, run_command
+
     args = sys.argv[1:] if argv is None else argv
-    if not (CONFIG_DIR / "decode.yaml").is_file():
-        print(f"error: {CONFIG_DIR}/decode.yaml not found; install specjax from its source tree (pip install -e .)",
-              file=sys.stderr)
+    if config_missing(CONFIG_DIR / "decode.yaml"):
         return 2
-    from specjax.cli_errors import run_command
 
     def body() -> int:
         if any(a in ("-h", "--help", "help") for a in args):

@@ -24,10 +24,10 @@ Options: every field of configs/train.yaml, e.g. steps=200 batch_size=8 optim.lr
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specjax.cli_errors import config_missing, run_command
+
     args = sys.argv[1:] if argv is None else argv
-    if not (CONFIG_DIR / "train.yaml").is_file():
-        print(f"error: {CONFIG_DIR}/train.yaml not found; install specjax from its source tree (pip install -e .)",
-              file=sys.stderr)
+    if config_missing(CONFIG_DIR / "train.yaml"):
         return 2
     if any(a in ("-h", "--help", "help") for a in args):
         names = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from omegaconf import OmegaConf
 
-    from specjax.cli_errors import compose_options, run_command
+    from specjax.cli_errors import compose_options
     from specjax.train.cli import command_schema, run
 
     def body() -> int:

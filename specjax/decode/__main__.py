@@ -1,4 +1,10 @@
-"""`python -m specjax.decode key=value …` — Hydra parses options, specjax.decode.cli runs them."""
+"""`python -m specjax.decode key=value …` — Hydra composes the options, specjax.decode.cli runs them.
+
+Free-text options (prompt=, stop=, regex=, file paths: every text field) are taken out of argv before
+Hydra sees them (`specjax.decode.argv`), so any text passes without Hydra's quoting rules. Hydra's
+compose API (not `@hydra.main`) is used so that a bad option ends with ONE `error:` line and exit
+code 2 (`specjax.cli_errors`), and Ctrl-C with one line and exit code 130.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +12,65 @@ import sys
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+COMMAND = "specjax.decode"
 
 
-def main() -> None:
-    if not (CONFIG_DIR / "decode.yaml").is_file():
-        sys.exit(f"error: {CONFIG_DIR}/decode.yaml not found; install specjax from its source tree "
-                 "(pip install -e .)")
-    import hydra
+def help_text() -> str:
+    """decode.yaml's `hydra.help.template` with the current values ($CONFIG), as `@hydra.main` rendered it."""
+    from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from specjax.decode.cli import run
+    from specjax.decode.options import DecodeOptions
+
+    ConfigStore.instance().store(name="decode_schema", node=DecodeOptions)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("decode", return_hydra_config=True)
+    template = cfg.hydra.help.template
+    values = OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg).items() if k != "hydra"})
+    return template.replace("$CONFIG", values)
+
+
+def parse(args: list[str]):
+    """DecodeOptions of a command line.
+
+    Raises:
+      UsageError: an unknown key, a wrong type, text that is not UTF-8, a value that does not parse.
+    """
+    from omegaconf import OmegaConf
+
+    from specjax.cli_errors import check_finite, compose_options
+    from specjax.decode.argv import split_free_text, with_free_text
     from specjax.decode.options import DecodeOptions, flat_overrides
 
-    # The structured schema type-checks the YAML and every key=value override.
-    ConfigStore.instance().store(name="decode_schema", node=DecodeOptions)
+    overrides, free = split_free_text(flat_overrides(args), DecodeOptions)  # spec_k=8 → spec.k=8
+    cfg = compose_options(CONFIG_DIR, "decode", overrides, DecodeOptions, "decode_schema", COMMAND)
+    opts = with_free_text(OmegaConf.to_object(cfg), free)
+    check_finite(opts)
+    return opts
 
-    @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="decode")
-    def app(cfg) -> None:
-        opts = OmegaConf.to_object(cfg)  # the DecodeOptions dataclass (nested SpecOptions included)
-        code = run(opts)
-        if code:
-            sys.exit(code)
 
-    sys.argv[1:] = flat_overrides(sys.argv[1:])  # spec=ngram spec_k=8 → spec.method=ngram spec.k=8
-    from specjax.compile_cache import enable_compile_cache
+def main(argv: list[str] | None = None) -> int:
+    from specjax.cli_errors import config_missing, run_command
 
-    enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
-    app()
+    args = sys.argv[1:] if argv is None else argv
+    if config_missing(CONFIG_DIR / "decode.yaml"):
+        return 2
+
+    def body() -> int:
+        if any(a in ("-h", "--help", "help") for a in args):
+            print(help_text())
+            return 0
+        from specjax.decode.cli import run
+
+        return run(parse(args))
+
+    return run_command(body)
 
 
 if __name__ == "__main__":
-    main()
+    from specjax.compile_cache import enable_compile_cache
+
+    # At the process's edge, not in main(): tests call main() in a process whose other programs keep their clock.
+    enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
+    sys.exit(main())

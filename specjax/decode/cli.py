@@ -5,58 +5,30 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import sys
 import time
-from pathlib import Path
 
+from specjax.cli_errors import EXIT_INTERRUPTED, UsageError, check_finite
 from specjax.decode.errors import GenerationError
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.options import DecodeOptions
+from specjax.decode.output import CompletionWriter
+from specjax.decode.prompts import OptionError, check_grammar_inputs, check_limit, collect_prompts
 from specjax.decode.sampling import SamplingConfig, SamplingError
-from specjax.jsonl import jsonl_rows
+from specjax.grammar.errors import GrammarError
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.params import WeightsError
 from specjax.models.sharding import ShardingError
 from specjax.models.tokenizer import TokenizerError
 
-DEFAULT_PROMPT = "The three most important ideas in computer science are"
-
 # Errors that are the user's input, reported as one line without a traceback.
-USER_ERRORS = (ConfigError, GenerationError, GrammarSpecError, ModelFileError, SamplingError, ShardingError,
-               TokenizerError, WeightsError, FileNotFoundError)
+# GrammarError: the compiler's own, should one escape `compile_spec`'s translation to GrammarSpecError.
+USER_ERRORS = (ConfigError, GenerationError, GrammarError, GrammarSpecError, ModelFileError, SamplingError,
+               ShardingError, TokenizerError, WeightsError, FileNotFoundError)
 
 
-class OptionError(ValueError):
-    """A decode option that is missing, malformed or contradictory."""
-
-
-def read_prompts(path: str, limit: int | None) -> list[str]:
-    """Prompts from a jsonl file with a "prompt" field (../shared/data/prompts format)."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise OptionError(f"prompts_file={path!r}: no such file")
-    prompts = []
-    for n, row in jsonl_rows(p, OptionError):
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise OptionError(f"{p}:{n}: expected an object with a string field \"prompt\"")
-        prompts.append(row["prompt"])
-        if limit is not None and len(prompts) >= limit:
-            break
-    if not prompts:
-        raise OptionError(f"{p}: no prompts found")
-    return prompts
-
-
-def collect_prompts(opts: DecodeOptions) -> list[str]:
-    if opts.prompt is not None and opts.prompts_file is not None:
-        raise OptionError("give either prompt= or prompts_file=, not both")
-    if opts.prompts_file is not None:
-        return read_prompts(opts.prompts_file, opts.limit)
-    return [DEFAULT_PROMPT if opts.prompt is None else str(opts.prompt)]
 
 
 def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
@@ -67,6 +39,7 @@ def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
         raise OptionError(f"give at most one of grammar=, json_schema=, regex= (got {', '.join(given)})")
     if not given:
         return None
+    check_grammar_inputs(opts.grammar, opts.json_schema, opts.regex)
     (key, value), = given.items()
     options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
                "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace}
@@ -117,16 +90,20 @@ def mesh_kwargs(model, mesh, progress) -> dict:
     return {"mesh": mesh, "rules": with_rules(kv_heads=None)}
 
 
-def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress, mesh=None):
-    """Runs plain or speculative generation; with compare_plain, also plain for the speedup."""
+def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress, mesh=None,
+              on_batch=None):
+    """Runs plain or speculative generation; with compare_plain, also plain for the speedup.
+
+    `on_batch` receives each finished batch of the run whose completions are printed (not the comparison's).
+    """
     from specjax.decode.spec.driver import SpeculativeGenerator
 
     on_mesh = mesh_kwargs(model, mesh, progress)
     if spec_cfg is None:
-        completions, stats = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress)
+        completions, stats = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress, on_batch)
         return completions, stats, None
     completions, stats = SpeculativeGenerator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, spec_cfg,
-                                                                                     progress)
+                                                                                     progress, on_batch)
     if not compare_plain:
         return completions, stats, None
     progress("running plain decoding of the same prompts for the speedup")
@@ -134,33 +111,7 @@ def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool,
     return completions, stats, plain
 
 
-def run(opts: DecodeOptions) -> int:
-    """Runs the command; returns the process exit code (2 for bad input)."""
-    t0 = time.perf_counter()
-
-    def progress(msg: str) -> None:
-        if not opts.quiet:
-            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-    try:
-        prompts = collect_prompts(opts)
-        gen_cfg = generate_config(opts)
-        spec_cfg = spec_config(opts)
-        mesh = device_mesh(opts)
-        from specjax.models.loading import load_model
-
-        model, tokenizer = load_model(opts.model, opts.dtype, progress)
-        progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
-                 f"{opts.dtype}")
-        completions, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
-                                              progress, mesh)
-    except (*USER_ERRORS, OptionError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for i, c in enumerate(completions):
-        if len(completions) > 1:
-            print(f"--- [{i}] {c.prompt[:70]!r} ({c.finish_reason})")
-        print(c.prompt + c.text if not opts.chat else c.text)
+def _print_stats(stats, plain) -> None:
     print(f"stats: {stats.line()}", file=sys.stderr)
     if plain is not None:
         print(f"plain: {plain.line()}", file=sys.stderr)
@@ -170,9 +121,44 @@ def run(opts: DecodeOptions) -> int:
               f"{stats.decode_tokens_per_s / max(plain.decode_tokens_per_s, 1e-9):.2f}x decoding "
               f"({stats.tokens_per_s / max(plain.tokens_per_s, 1e-9):.2f}x overall, counting prefill and first-run "
               f"warm-up; benchmarks/speculative.py times warm runs)", file=sys.stderr)
-    if opts.output:
-        with open(opts.output, "w", encoding="utf-8") as f:
-            for c in completions:
-                f.write(json.dumps(dataclasses.asdict(c)) + "\n")
-            f.write(json.dumps({"stats": dataclasses.asdict(stats)}) + "\n")
+
+
+def run(opts: DecodeOptions) -> int:
+    """Runs the command; returns the process exit code (2 for bad input, 130 when interrupted).
+
+    Completions are printed (and written to output=) batch by batch as they finish: a Ctrl-C keeps
+    the finished ones.
+    """
+    t0 = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not opts.quiet:
+            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    writer = None
+    try:
+        check_finite(opts)
+        check_limit(opts.limit)
+        prompts = collect_prompts(opts.prompt, opts.prompt_file, opts.prompts_file, opts.limit)
+        gen_cfg = generate_config(opts)
+        spec_cfg = spec_config(opts)
+        mesh = device_mesh(opts)
+        writer = CompletionWriter(opts.output, len(prompts), opts.chat)
+        from specjax.models.loading import load_model
+
+        model, tokenizer = load_model(opts.model, opts.dtype, progress)
+        progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
+                 f"{opts.dtype}")
+        with writer:
+            _, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
+                                        progress, mesh, writer.batch)
+            writer.finish(stats)
+    except (*USER_ERRORS, OptionError, UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        done = f"; {writer.written} of {len(prompts)} completion(s) written to {writer.where()}" if writer else ""
+        print(f"error: interrupted{done}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    _print_stats(stats, plain)
     return 0

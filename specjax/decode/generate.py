@@ -221,8 +221,13 @@ class Generator:
         prompts: Sequence[str],
         cfg: GenerateConfig = GenerateConfig(),
         progress: Callable[[str], None] = lambda s: None,
+        on_batch: Callable[[list[Completion]], None] | None = None,
     ) -> tuple[list[Completion], Stats]:
-        """Generates a completion for every prompt (in batches of cfg.batch_size)."""
+        """Generates a completion for every prompt (in batches of cfg.batch_size).
+
+        `on_batch` receives each batch's completions as soon as the batch finishes (the CLI writes them
+        out, so an interrupted run keeps what it finished).
+        """
         t_start = time.perf_counter()
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -258,6 +263,8 @@ class Generator:
                 stats.prefill_ms = stats.ttft_ms = float("nan")
             for j in range(len(chunk)):
                 completions.append(self._completion(prompts[start + j], out, j, cfg))
+            if on_batch is not None:
+                on_batch(completions[start:])
         t_end = time.perf_counter()
         stats.wall_s = t_end - t_start - stats.compile_s
         stats.new_tokens = sum(len(c.tokens) for c in completions)

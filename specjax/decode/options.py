@@ -92,6 +92,7 @@ class DecodeOptions:
     model: str | None = None  # None: the embedded Gemma 3 270M; or a .gguf file / Hugging Face directory
     dtype: str = "float32"
     prompt: str | None = None
+    prompt_file: str | None = None  # the whole file (- = standard input) as one prompt
     prompts_file: str | None = None
     limit: int | None = None
     chat: bool = _GEN.chat

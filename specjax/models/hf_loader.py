@@ -9,6 +9,7 @@ into a model that would silently compute something else.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from pathlib import Path
@@ -193,12 +194,24 @@ _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tow
 _NP_DTYPES = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
 
 
+def _check_contained(directory: Path, index: Path, files: list[str]) -> None:
+    """Refuses shard names that lead outside the model directory (`../x`, absolute paths): an index must
+    not make the loader read arbitrary files. The check is on the names, not on resolved paths: the
+    Hugging Face cache's snapshot folders hold symlinks into a blobs folder next to them."""
+    for name in files:
+        norm = os.path.normpath(name) if isinstance(name, str) else ""
+        if not norm or os.path.isabs(norm) or norm == ".." or norm.startswith(".." + os.sep):
+            raise WeightsError(f"{index}: shard {name!r} lies outside the model directory {directory}")
+
+
 def _safetensors_files(directory: Path) -> list[Path]:
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.is_file():
         return [single]
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = list(json.loads(index.read_text())["weight_map"].values())
+        _check_contained(directory, index, names)
+        files = sorted(set(names))
         missing = [f for f in files if not (directory / f).is_file()]
         if missing:
             raise FileNotFoundError(f"{index} names shards that do not exist: {missing}")
@@ -255,7 +268,8 @@ def load_hf_weights(directory: str | Path, cfg: ModelConfig) -> dict[str, np.nda
 
     Raises:
       FileNotFoundError: no safetensors checkpoint (or a shard named by the index is missing).
-      WeightsError: a duplicated tensor, or a tied head that differs from the embedding.
+      WeightsError: a duplicated tensor, a tied head that differs from the embedding, or an index naming a
+        shard outside the directory.
     """
     gemma = cfg.family == "gemma3"
     layer_map = {**_LAYER_MAP, **(_GEMMA_NORMS if gemma else _LLAMA_NORMS)}

@@ -100,8 +100,10 @@ def run(raw: dict[str, Any]) -> int:
 
             print(abstract_check(cfg).line())
             return 0
+        from specjax.train.preflight import preflight
         from specjax.train.trainer import TrainingDiverged, train
 
+        preflight(cfg)  # before the target loads or the run directory is created
         try:
             result = train(cfg)
         except TrainingDiverged as e:

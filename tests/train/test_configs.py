@@ -108,7 +108,7 @@ def test_distill_1b_runs_two_steps_with_tiny_override(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["stepz=3"], "Key 'stepz' not in"),
+    (["stepz=3"], "unknown option 'stepz' (did you mean 'steps'?)"),
     (["steps=abc"], "could not be converted to Integer"),
     (["+experiment=nope"], "Could not find 'experiment/nope'"),
     (["task.kind=foo"], "task.kind='foo' is not one of"),

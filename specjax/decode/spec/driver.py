@@ -99,6 +99,7 @@ class SpeculativeGenerator(Generator):
         cfg: GenerateConfig = _DEFAULT_GENERATE,
         spec: SpecConfig = _DEFAULT_SPEC,
         progress: Callable[[str], None] = lambda s: None,
+        on_batch: Callable[[list[Completion]], None] | None = None,
     ) -> tuple[list[Completion], SpecStats]:
         """Like `Generator.generate` (same completions, tokenisation, batching and errors)."""
         self._spec = spec
@@ -108,7 +109,7 @@ class SpeculativeGenerator(Generator):
         self._decode_tokens = 0
         self._round_time = [0.0, 0]  # seconds after the first token, loop rounds
         self._notes = []  # the policy's notes, one per distinct batch shape
-        completions, base = super().generate(prompts, cfg, progress)
+        completions, base = super().generate(prompts, cfg, progress, on_batch)
         rounds, drafted_k, accepted_k = int(self._tally[0, 0]), self._tally[1], self._tally[2]
         return completions, SpecStats(
             **dataclasses.asdict(base), k=spec.k, rounds=rounds,

@@ -28,7 +28,7 @@ def test_hydra_style_quotes_are_removed_once():
 
 def test_null_leaves_an_option_unset_and_other_types_still_go_through_hydra():
     opts = parse(["model=null", "max_new_tokens=7", "spec_layer_list=[0,2]", "chat=true"])
-    assert (opts.model, opts.max_new_tokens, opts.spec_layer_list, opts.chat) == (None, 7, [0, 2], True)
+    assert (opts.model, opts.max_new_tokens, opts.spec.drafter.layer_list, opts.chat) == (None, 7, [0, 2], True)
 
 
 @pytest.mark.parametrize(("value", "stops"), [

@@ -24,6 +24,8 @@ def main(gguf_path: str, job_file: str, out_dir: str) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     ids = [tok(t, add_special_tokens=False).input_ids for t in job["texts"]]
     (out / "texts.json").write_text(json.dumps(ids))
+    if not job["conversations"]:
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager").eval()

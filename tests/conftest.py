@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from hypothesis import HealthCheck, settings
 
 from specjax.models.config import ModelConfig
 from specjax.models.transformer import Transformer
+
+# Hypothesis in CI (CI=true, set by CI services and .ci/run): the same examples on every run
+# (derandomize, no example database carried between runs), so the suite cannot flake or slow down
+# at random; an example that runs past the deadline fails with its inputs printed. The load-dependent
+# too_slow health check is off (the per-test timeout in pyproject.toml bounds every test). Locally
+# the default profile keeps searching new random examples; HYPOTHESIS_PROFILE=ci reproduces CI.
+settings.register_profile("ci", derandomize=True, database=None, deadline=timedelta(seconds=60), print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+_in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if _in_ci else "default"))
 
 
 @pytest.fixture(autouse=True, scope="module")

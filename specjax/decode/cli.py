@@ -14,6 +14,7 @@ from pathlib import Path
 from specjax.decode.generate import GenerateConfig, GenerationError, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.distributed import DistributedError, initialize, is_primary
 from specjax.jsonl import jsonl_rows
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
@@ -68,6 +69,7 @@ class DecodeOptions:
     compare_plain: bool = True
     mesh_data: int = 1
     mesh_model: int = 1
+    distributed: bool = False  # one process per host: join the others first (docs/multihost.md)
     output: str | None = None
     quiet: bool = False
     grammar: str | None = None
@@ -202,6 +204,8 @@ def run(opts: DecodeOptions) -> int:
         prompts = collect_prompts(opts)
         gen_cfg = generate_config(opts)
         spec_cfg = spec_config(opts)
+        if opts.distributed:
+            initialize()
         mesh = device_mesh(opts)
         from specjax.models.loading import load_model
 
@@ -210,9 +214,11 @@ def run(opts: DecodeOptions) -> int:
                  f"{opts.dtype}")
         completions, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
                                               progress, mesh)
-    except (*USER_ERRORS, OptionError) as e:
+    except (*USER_ERRORS, OptionError, DistributedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.distributed and not is_primary():
+        return 0  # every process holds the whole result; process 0 prints and writes it
     for i, c in enumerate(completions):
         if len(completions) > 1:
             print(f"--- [{i}] {c.prompt[:70]!r} ({c.finish_reason})")

@@ -67,7 +67,7 @@ class MeshPlan:
 
     def replicate(self, tree):
         """A copy of `tree` on every device (drafter weights, tables shared by all rows)."""
-        return jax.device_put(tree, self._replicated)
+        return sh.shard_state(tree, self._replicated)
 
     def cache_sharding(self, cache: KVCache):
         """The rules' cache sharding; a cache whose kv heads 'model' does not divide (a drafter's
@@ -79,7 +79,7 @@ class MeshPlan:
 
     def _place_array(self, x, rows: int):
         is_row = x.ndim >= 1 and x.shape[0] == rows
-        return jax.device_put(x, self._batch if is_row else self._replicated)
+        return sh.shard_state(x, self._batch if is_row else self._replicated)
 
     def place_args(self, args: tuple, rows: int) -> tuple:
         """Places a program's positional arguments (see the module doc for the rule)."""
@@ -88,7 +88,7 @@ class MeshPlan:
             if a is None or a is self._params:
                 placed.append(a)
             elif isinstance(a, KVCache):
-                placed.append(jax.device_put(a, self.cache_sharding(a)))
+                placed.append(sh.shard_state(a, self.cache_sharding(a)))
             elif isinstance(a, jax.Array):
                 placed.append(self._place_array(a, rows))
             else:  # stop tables, drafter parameters, ...: shared by all rows

@@ -39,7 +39,7 @@ from specjax.decode.generate import Completion, GenerateConfig, GenerationError,
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec_rounds import Adaptive, SpecState, commit, make_loop
 from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS, KVCache
-from specjax.models.sharding import LOGICAL_RULES
+from specjax.models.sharding import LOGICAL_RULES, to_host
 
 __all__ = ["Adaptive", "SpecConfig", "SpecState", "SpecStats", "SpeculativeGenerator", "speculative_program"]
 
@@ -365,11 +365,11 @@ class SpeculativeGenerator(Generator):
             lambda: self._lower(speculative_program, args, dict(static, k=spec.k, drafter=drafter,
                                                                 adapt=spec.policy())),
             f"speculative k={spec.k} for batch {b}, prompt bucket {t}, {n_out} new tokens", progress, stats)
-        active_b = np.asarray(args[4])
+        active_b = np.arange(b) < len(chunk)  # as `_batch_inputs` built it (args[4] may span processes)
         loop.CLOCK.t = None
         t_call = time.perf_counter()
         state = program(*args)
-        out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
+        out = to_host((state.out_bn, state.count_b, state.reason_b, state.steps, state.rounds_b,
                               state.plain_rounds_b, state.drafted_bk, state.accepted_bk, state.draft_tokens_b))
         t_end = time.perf_counter()
         self._cache = state.cache

@@ -63,17 +63,14 @@ def _env(devices: int, **extra: str) -> dict:
 
 
 def launch(mode: str, out_dir: Path, processes: int, timeout: float) -> list[dict]:
-    """Runs this file as `processes` connected processes (1: one process, 8 devices); their reports.
+    """Runs this file as `processes` connected processes of LOCAL_DEVICES CPU devices; their reports.
 
     Every process is killed when the first one fails or the time is up, so a hang fails here.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    if processes == 1:
-        envs = [_env(N_PROCESSES * LOCAL_DEVICES)]
-    else:
-        address = f"127.0.0.1:{_free_port()}"
-        envs = [_env(LOCAL_DEVICES, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(processes),
-                     JAX_PROCESS_ID=str(i)) for i in range(processes)]
+    address = f"127.0.0.1:{_free_port()}"
+    envs = [_env(LOCAL_DEVICES, JAX_COORDINATOR_ADDRESS=address, JAX_NUM_PROCESSES=str(processes),
+                 JAX_PROCESS_ID=str(i)) for i in range(processes)]
     logs = [out_dir / f"{mode}-{processes}p-{i}.log" for i in range(processes)]
     procs = []
     try:
@@ -254,11 +251,12 @@ def _train_step(cfg, task, batch, mesh) -> tuple[list[np.ndarray], float, int, i
 
 def _train_worker(out_dir: Path) -> dict:
     import jax
+    from tiny_runs import tiny_run  # tests/train (on the workers' PYTHONPATH)
 
     from specjax.models.sharding import make_mesh
     from specjax.train.trainer import prepare
 
-    cfg = __import__("tiny_runs").tiny_run(out_dir / f"run-{jax.process_index()}", "draft")
+    cfg = tiny_run(out_dir / f"run-{jax.process_index()}", "draft")
     _, rows, _, task = prepare(cfg)  # synthetic data and a seeded model: the same in every process
     batch = {"tokens": rows.tokens[:8].reshape(1, 8, -1), "mask": rows.mask[:8].reshape(1, 8, -1)}
     # The reference: this process alone, on one of its devices (no collective).
@@ -274,14 +272,8 @@ def _train_worker(out_dir: Path) -> dict:
     return report
 
 
-def _processes() -> int:
-    import jax
-
-    return jax.process_count()
-
-
 if __name__ == "__main__":
-    if os.environ.get("JAX_NUM_PROCESSES") and sys.argv[1] != "cli":  # the CLI joins the processes itself
+    if sys.argv[1] != "cli":  # the CLI joins the processes itself (distributed=true)
         from specjax.distributed import initialize
 
         initialize()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from hypothesis import HealthCheck, settings
 
 from specjax.models import ModelConfig, Transformer
 
@@ -17,6 +19,16 @@ from specjax.models import ModelConfig, Transformer
 # tests/decode/spec/drafters/test_head_drafters.py): both folders are importable whatever the collection order.
 SHARED_TEST_DIRS = [Path(__file__).parent / "decode" / "spec", Path(__file__).parent / "decode" / "spec" / "drafters"]
 sys.path[:0] = [str(d) for d in SHARED_TEST_DIRS if str(d) not in sys.path]
+
+# Hypothesis in CI (CI=true, set by CI services and .ci/run): the same examples on every run
+# (derandomize, no example database carried between runs), so the suite cannot flake or slow down
+# at random; an example that runs past the deadline fails with its inputs printed. The load-dependent
+# too_slow health check is off (the per-test timeout in pyproject.toml bounds every test). Locally
+# the default profile keeps searching new random examples; HYPOTHESIS_PROFILE=ci reproduces CI.
+settings.register_profile("ci", derandomize=True, database=None, deadline=timedelta(seconds=60), print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+_in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if _in_ci else "default"))
 
 
 @pytest.fixture(autouse=True, scope="module")

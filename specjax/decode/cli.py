@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 
@@ -16,6 +17,7 @@ from specjax.decode.options import DecodeOptions
 from specjax.decode.output import CompletionWriter
 from specjax.decode.prompts import OptionError, check_grammar_inputs, check_limit, collect_prompts
 from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.distributed import DistributedError, initialize, is_primary
 from specjax.grammar.errors import GrammarError
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
@@ -142,8 +144,13 @@ def run(opts: DecodeOptions) -> int:
         prompts = collect_prompts(opts.prompt, opts.prompt_file, opts.prompts_file, opts.limit)
         gen_cfg = generate_config(opts)
         spec_cfg = spec_config(opts)
+        if opts.distributed:
+            initialize()
         mesh = device_mesh(opts)
-        writer = CompletionWriter(opts.output, len(prompts), opts.chat)
+        # Every process holds the whole result; process 0 alone prints and writes it.
+        primary = not opts.distributed or is_primary()
+        writer = CompletionWriter(opts.output if primary else None, len(prompts), opts.chat,
+                                  None if primary else io.StringIO())
         from specjax.models.loading import load_model
 
         model, tokenizer = load_model(opts.model, opts.dtype, progress)
@@ -153,12 +160,13 @@ def run(opts: DecodeOptions) -> int:
             _, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
                                         progress, mesh, writer.batch)
             writer.finish(stats)
-    except (*USER_ERRORS, OptionError, UsageError) as e:
+    except (*USER_ERRORS, OptionError, UsageError, DistributedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         done = f"; {writer.written} of {len(prompts)} completion(s) written to {writer.where()}" if writer else ""
         print(f"error: interrupted{done}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    _print_stats(stats, plain)
+    if primary:
+        _print_stats(stats, plain)
     return 0

@@ -354,7 +354,7 @@ class Generator:
         loop.CLOCK.t = None
         t_call = time.perf_counter()
         state = program(*args)
-        out = jax.device_get((state.out_bn, state.count_b, state.reason_b, state.steps))
+        out = sharding.to_host((state.out_bn, state.count_b, state.reason_b, state.steps))
         t_end = time.perf_counter()
         self._cache = state.cache
         first_t = loop.CLOCK.first_token_time(t_call, t_end)

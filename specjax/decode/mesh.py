@@ -69,7 +69,7 @@ class MeshPlan:
 
     def replicate(self, tree):
         """A copy of `tree` on every device (drafter weights, tables shared by all rows)."""
-        return jax.device_put(tree, self._replicated)
+        return sh.shard_state(tree, self._replicated)
 
     def cache_sharding(self, cache: KVCache):
         """The rules' cache sharding; a cache whose kv heads 'model' does not divide (a drafter's
@@ -81,13 +81,13 @@ class MeshPlan:
 
     def place_cache(self, cache: KVCache) -> KVCache:
         """The KV cache with the rules' cache sharding."""
-        return jax.device_put(cache, self.cache_sharding(cache))
+        return sh.shard_state(cache, self.cache_sharding(cache))
 
     def place_inputs(self, inputs: BatchInputs) -> BatchInputs:
         """A batch's inputs placed by their logical axes (`BatchInputs.row_axes`): per-row arrays split
         over 'data', the rest (scalars, keys, stop tables, grammar tables) on every device."""
         def place(x, axes):
-            return jax.device_put(x, self._batch if axes == ROW_AXES else self._replicated)
+            return sh.shard_state(x, self._batch if axes == ROW_AXES else self._replicated)
 
         return jax.tree.map(place, inputs, inputs.row_axes())
 

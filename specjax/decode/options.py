@@ -107,6 +107,7 @@ class DecodeOptions:
     compare_plain: bool = True
     mesh_data: int = 1
     mesh_model: int = 1
+    distributed: bool = False  # one process per host: join the others first (docs/multihost.md)
     output: str | None = None
     quiet: bool = False
     grammar: str | None = None

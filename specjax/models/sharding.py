@@ -42,6 +42,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 DATA, MODEL = "data", "model"
@@ -228,9 +229,36 @@ def param_shardings(state, mesh: Mesh, rules=LOGICAL_RULES, *, fsdp: bool = Fals
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def shard_state(state, shardings):
-    """Places (copies) every array of `state` with its sharding; returns the placed pytree."""
-    return jax.device_put(state, shardings)
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _put_global(x, sharding, copy: bool):
+    """One host value onto a sharding with other processes' devices: this process fills its own shards."""
+    if _is_key(x):  # typed PRNG keys place through their raw uint32 data
+        data = _put_global(jax.random.key_data(x), sharding, copy)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global: a reshard
+        return jax.device_put(x, sharding)
+    host = np.array(x) if copy else np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_state(state, shardings, *, may_alias: bool | None = None):
+    """Places (copies) every array of `state` with its sharding; returns the placed pytree.
+
+    `shardings` is one sharding or a pytree prefix of `state` (as for `jax.device_put`). On a
+    mesh spanning several processes (`specjax.distributed`), every process passes the same host
+    values and keeps the shards of its own devices: nothing is sent between processes (where
+    `jax.device_put` would first gather every array to check that the processes agree).
+    """
+    is_sharding = lambda s: isinstance(s, jax.sharding.Sharding)
+    if all(s.is_fully_addressable for s in jax.tree.leaves(shardings, is_leaf=is_sharding)):
+        return jax.device_put(state, shardings, may_alias=may_alias)
+    put = lambda s, subtree: jax.tree.map(lambda x: _put_global(x, s, copy=may_alias is False), subtree)
+    if is_sharding(shardings):
+        return put(shardings, state)
+    return jax.tree.map(put, shardings, state, is_leaf=is_sharding)
 
 
 def batch_sharding(mesh: Mesh, rules=LOGICAL_RULES) -> NamedSharding:
@@ -254,3 +282,21 @@ def cache_sharding(mesh: Mesh, rules=LOGICAL_RULES, *, kv_heads: int | None = No
         return NamedSharding(mesh, PartitionSpec(*(dict(rules).get(a) for a in CACHE_AXES)))
     units = None if kv_heads is None else {"kv_heads": kv_heads}
     return NamedSharding(mesh, spec_for("KV cache", shape, CACHE_AXES, rules, sizes, units))
+
+
+def to_host(tree):
+    """numpy copies of a pytree's arrays, gathering arrays split over other processes' devices.
+
+    In a multi-process job (`specjax.distributed`) an array split over 'data' has rows on other
+    hosts, which `jax.device_get` cannot read: those are gathered (`process_allgather`, a
+    collective: every process must call this in the same order). Arrays this process holds
+    whole (single process, or replicated) are copied without communication.
+    """
+    from jax.experimental import multihost_utils
+
+    def one(x):
+        if isinstance(x, jax.Array) and not (x.is_fully_addressable or x.is_fully_replicated):
+            return multihost_utils.process_allgather(x, tiled=True)
+        return jax.device_get(x)
+
+    return jax.tree.map(one, tree)

@@ -76,8 +76,8 @@ def compile_run(cfg: TrainConfig, task: Task, mesh):
     state = init_state(task.params, tx, cfg.seed)
     state_sh, frozen_sh = state_shardings(task, state, mesh)
     # A copy: the step donates its state, which must not delete the task's initial parameters.
-    state = jax.device_put(state, state_sh, may_alias=False)
-    frozen = jax.device_put(task.frozen, frozen_sh)
+    state = sharding.shard_state(state, state_sh, may_alias=False)
+    frozen = sharding.shard_state(task.frozen, frozen_sh)
     dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else None
     step_fn = jax.jit(make_train_step(task.loss_fn, tx, schedule, dtype),
                       in_shardings=(state_sh, frozen_sh, step_batch_sharding(mesh)),
@@ -137,7 +137,7 @@ def evaluate(eval_fn, params, frozen, rows: PackedRows, cfg: TrainConfig, mesh) 
     total: dict[str, float] = {}
     sh = NamedSharding(mesh, PartitionSpec(sharding.DATA))
     for b in dev_batches(rows, micro, cfg.eval_batches):
-        sums = jax.device_get(eval_fn(params, frozen, jax.device_put(b, sh)))
+        sums = jax.device_get(eval_fn(params, frozen, sharding.shard_state(b, sh)))
         for k, v in sums.items():
             total[k] = total.get(k, 0.0) + float(v)
     n = max(total.pop("tokens", 0.0), 1.0)
@@ -187,7 +187,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
     try:
         for step in range(start, cfg.steps):
             t0 = time.perf_counter()
-            state, m = step_fn(state, frozen, jax.device_put(order.batch(data_pos), batch_sh))
+            state, m = step_fn(state, frozen, sharding.shard_state(order.batch(data_pos), batch_sh))
             data_pos += 1
             m = jax.device_get(m)
             now = time.perf_counter()

@@ -12,7 +12,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-import jax
 import numpy as np
 
 from specjax.decode import loop
@@ -21,7 +20,7 @@ from specjax.decode.spec.config import SpecConfig
 from specjax.decode.spec.cost import draft_cost, max_accept
 from specjax.decode.spec.drafters.base import Drafter
 from specjax.decode.spec.program import speculative_program
-from specjax.models.sharding import LOGICAL_RULES
+from specjax.models.sharding import LOGICAL_RULES, to_host
 
 __all__ = ["SpecStats", "SpeculativeGenerator"]
 
@@ -164,8 +163,8 @@ class SpeculativeGenerator(Generator):
             return self._run_plain(chunk, cfg, stops, progress, stats, seed_offset)
         key, args, static = self._batch_inputs(chunk, cfg, stops, seed_offset, extra_slots=spec.k)
         args = (*args, draft_params)
-        active_b = np.asarray(args[2].active_b)
         b, t, _, n_out = key[:4]
+        active_b = np.arange(b) < len(chunk)  # as `_batch_inputs` built it (args[2] may span processes)
         program = self._program(
             ("spec", spec.k, drafter, spec.policy(), *key),
             lambda: self._lower(speculative_program, args, dict(static, k=spec.k, drafter=drafter,
@@ -175,8 +174,8 @@ class SpeculativeGenerator(Generator):
         t_call = time.perf_counter()
         state = program(*args)
         row, cnt = state.row, state.counters
-        out = jax.device_get((row.out_bn, row.count_b, row.reason_b, row.steps, cnt.rounds_b,
-                              cnt.plain_rounds_b, cnt.drafted_bk, cnt.accepted_bk, cnt.draft_tokens_b))
+        out = to_host((row.out_bn, row.count_b, row.reason_b, row.steps, cnt.rounds_b,
+                       cnt.plain_rounds_b, cnt.drafted_bk, cnt.accepted_bk, cnt.draft_tokens_b))
         t_end = time.perf_counter()
         self._cache = state.row.cache
         first_t = loop.CLOCK.first_token_time(t_call, t_end)

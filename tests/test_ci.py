@@ -1,0 +1,48 @@
+"""The CI safety nets: a per-test time limit (pytest-timeout) and a fixed hypothesis profile (CI=true)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_hanging_test_fails_with_its_name(tmp_path):
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_sleeps_forever():\n    time.sleep(600)\n")
+    # The project's pytest options (pyproject.toml) with a 3 s limit instead of 300 s.
+    args = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-p", "no:cacheprovider", "--timeout=3"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *args, str(tmp_path / "test_hang.py")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "Timeout" in out and "test_sleeps_forever" in out, out
+
+
+def test_the_ci_profile_draws_the_same_examples_every_run():
+    seen: list[str] = []
+
+    @settings(settings.get_profile("ci"), max_examples=20)
+    @given(st.text())
+    def draw(s: str) -> None:
+        seen.append(s)
+
+    draw()
+    first = list(seen)
+    seen.clear()
+    draw()
+    assert seen == first and len(set(first)) > 10
+
+
+def test_ci_true_selects_the_ci_profile():
+    code = "import conftest\nfrom hypothesis import settings\nd = settings.default\n" \
+           "print(d.derandomize, d.database, d.deadline.total_seconds())"
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, CI="true", JAX_PLATFORMS="cpu"),
+                         cwd=ROOT / "tests", capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "None", "60.0"], out.stderr[-2000:]

@@ -176,11 +176,9 @@ def _spans(mesh) -> dict:
 def _decode_worker(out_dir: Path) -> dict:
     from conftest import ByteTokenizer, tiny_config
     from flax import nnx
-    from specjax.decode.speculative import SpecConfig, SpeculativeGenerator
 
-    from specjax.decode.generate import GenerateConfig, Generator
-    from specjax.decode.sampling import SamplingConfig
-    from specjax.models.transformer import Transformer
+    from specjax.decode import GenerateConfig, Generator, SamplingConfig, SpecConfig, SpeculativeGenerator
+    from specjax.models import Transformer
 
     model = Transformer(tiny_config(n_kv_heads=4), rngs=nnx.Rngs(0))  # the same weights in every process
     tok = ByteTokenizer()

@@ -31,6 +31,7 @@ from specjax.models.params import build_model
 from specjax.models.quant import BlockQuant
 from specjax.models.tokenizer import Tokenizer
 from specjax.models.transformer import Transformer
+from specjax.models.weight_formats import pack_model, resolve_weights
 
 DEFAULT_MODEL = "gemma3-270m"
 _CACHE_VERSION = "3"
@@ -86,16 +87,22 @@ def _convert_gguf(path: Path, target: Path, progress: Callable[[str], None]) -> 
 
 
 def load_gguf(
-    path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None
+    path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None,
+    weights: str = "float32",
 ) -> tuple[Transformer, Tokenizer]:
-    """Loads a GGUF model and its tokenizer, converting and caching on first use."""
+    """Loads a GGUF model and its tokenizer, converting and caching on first use (per weight format)."""
     from safetensors.numpy import load_file
 
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     progress(f"hashing {path.name}")
-    target = cache_root() / f"gguf-{_CACHE_VERSION}-{file_sha256(path)[:32]}"
+    sha256 = file_sha256(path)
+    if weights != "float32":  # low-precision matrices: converted per tensor, cached per format
+        from specjax.models.packed_cache import load_packed_gguf
+
+        return load_packed_gguf(path, sha256, weights, dtype, progress)
+    target = cache_root() / f"gguf-{_CACHE_VERSION}-{sha256[:32]}"
     if not (target / "config.json").is_file():
         _convert_gguf(path, target, progress)
     cfg = config_from_json((target / "config.json").read_text())
@@ -110,7 +117,8 @@ def load_gguf(
 
 
 def load_model(
-    model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None
+    model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None,
+    weights: str = "float32",
 ) -> tuple[Transformer, Tokenizer]:
     """Loads a model by name or path.
 
@@ -119,19 +127,23 @@ def load_model(
         Face directory (config.json + safetensors + tokenizer.json).
       dtype: "float32" or "bfloat16" for the weights and activations.
       progress: called with short status lines (the CLI prints them).
+      weights: storage format of the matrices, one of weight_formats.WEIGHT_FORMATS ("float32",
+        "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step.
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
     """
     jdtype = resolve_dtype(dtype)
+    resolve_weights(weights)
     if model in (None, "", DEFAULT_MODEL):
-        return load_gguf(default_model_path(), jdtype, progress)
+        return load_gguf(default_model_path(), jdtype, progress, weights)
     path = Path(model).expanduser()
     if path.is_dir():
         from specjax.models.hf_loader import load_hf_model
 
         progress(f"loading Hugging Face directory {path}")
         net, _ = load_hf_model(path, jdtype)
+        pack_model(net, weights)
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
             raise ModelFileError(f"{path}: no tokenizer.json next to the weights")
@@ -141,4 +153,4 @@ def load_model(
             f"model={model!r}: no such file or directory (expected a .gguf file, a Hugging Face "
             f"directory or {DEFAULT_MODEL!r})"
         )
-    return load_gguf(path, jdtype, progress)
+    return load_gguf(path, jdtype, progress, weights)

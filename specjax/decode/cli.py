@@ -38,6 +38,7 @@ class DecodeOptions:
 
     model: str | None = None
     dtype: str = "float32"
+    weights: str = "float32"
     prompt: str | None = None
     prompts_file: str | None = None
     limit: int | None = None
@@ -205,9 +206,9 @@ def run(opts: DecodeOptions) -> int:
         mesh = device_mesh(opts)
         from specjax.models.loading import load_model
 
-        model, tokenizer = load_model(opts.model, opts.dtype, progress)
+        model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
-                 f"{opts.dtype}")
+                 f"{opts.dtype}, weights={opts.weights}")
         completions, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
                                               progress, mesh)
     except (*USER_ERRORS, OptionError) as e:

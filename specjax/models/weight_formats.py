@@ -25,6 +25,7 @@ float32. Inside the jitted step a matrix is dequantized and multiplied as `Matmu
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 import jax
@@ -134,11 +135,16 @@ def quantize_int8_per_channel(w_oi: np.ndarray) -> dict[str, np.ndarray]:
     return {"values": np.clip(np.rint(w / safe), -127, 127).astype(np.int8), "scale": scale.astype(np.float32)}
 
 
-def quantize_q4(w_oi: np.ndarray, group: int = Q4_GROUP) -> dict[str, np.ndarray]:
-    """Asymmetric 4-bit per group of `group` along `in`: w ≈ q·scale − offset, q ∈ 0…15, offset = −min."""
+def quantize_q4(w_oi: np.ndarray) -> dict[str, np.ndarray]:
+    """Asymmetric 4-bit per group along `in`: w ≈ q·scale − offset, q ∈ 0…15, offset = −min.
+
+    Groups of Q4_GROUP (32) columns, fewer where in / 2 is not a multiple (each half of a row,
+    packed into one nibble, must hold whole groups).
+    """
     o, i = w_oi.shape
-    if i % (2 * group):
-        raise ConfigError(f"weights=q4 needs matrix widths divisible by {2 * group}, got {i}")
+    if i % 2:
+        raise ConfigError(f"weights=q4 needs even matrix widths, got {i}")
+    group = math.gcd(Q4_GROUP, i // 2)
     g = np.asarray(w_oi, np.float32).reshape(o, i // group, group)
     lo, hi = g.min(axis=2), g.max(axis=2)
     scale = (hi - lo) / 15.0
@@ -197,7 +203,8 @@ def pack_model(model, fmt: str) -> None:
     for name, w in weights.items():
         if is_matrix(name):
             w_oi = w.T if name.endswith(".w") else w
-            packed[name] = BlockQuant(**pack_matrix(np.ascontiguousarray(w_oi), fmt))
+            a = pack_matrix(np.ascontiguousarray(w_oi), fmt)
+            packed[name] = BlockQuant(a["values"], a.get("scale"), a.get("offset"))
     attach_packed(model, packed)
 
 

@@ -1,4 +1,7 @@
-"""An exact int8 copy of a GGUF-quantised output head, for one-row products on CPU.
+"""Low-precision matrices (`BlockQuant`), first made for an exact int8 copy of the output head.
+
+`weights=int8|q4|bfloat16` (weight_formats.py) stores every matrix as a BlockQuant; the rest of this
+note is about the head copy that float32 models keep.
 
 At batch 1 a decode step is bound by reading weights, and Gemma 3 270M's tied
 262,144 × 640 head is 62.6% of them: 671 MB per step in float32. GGUF stores it as Q8_0
@@ -8,11 +11,11 @@ w = a·q (− b). Kept as int8 q plus float32 a (and b) the head costs ~190 MB p
 XLA:CPU fuses the int8 → float32 conversion into a 2-D [1, D] @ [V, D]ᵀ product: one
 loop fusion, nothing materialised (27.7 vs 44.4 ms per step, docs/performance.md).
 
-Only the head uses it: a single row through the fused product, 2–64 rows (speculative
-verification, batches) through `matmul_chunked`, which converts one block of rows at a time
-(a whole-table conversion would be materialised). For the decoder's own
-linear maps the fused loop recomputes the producer (RMSNorm, GeGLU) per output element,
-which made the body slower, not faster. Both paths hold bit-identical weights —
+The head: a single row through the fused product, 2–64 rows (speculative verification,
+batches) through `matmul_chunked`, which converts one block of rows at a time (a whole-table
+conversion would be materialised). For the decoder's own linear maps the fused loop recomputes
+the producer (RMSNorm, GeGLU) per output element, so they always go through `matmul_chunked`
+(weight_formats.packed_product). Both paths hold bit-identical weights —
 conversion checks it against the gguf package's dequantisation and keeps float32 only
 otherwise — so the choice changes nothing but the order of a dot product's additions.
 """

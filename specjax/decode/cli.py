@@ -153,9 +153,9 @@ def run(opts: DecodeOptions) -> int:
                                   None if primary else io.StringIO())
         from specjax.models.loading import load_model
 
-        model, tokenizer = load_model(opts.model, opts.dtype, progress)
+        model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
-                 f"{opts.dtype}")
+                 f"{opts.dtype}, weights={opts.weights}")
         with writer:
             _, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
                                         progress, mesh, writer.batch)

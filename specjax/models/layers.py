@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models.weight_formats import packed_product
+
 
 def _init(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
     return (jax.random.normal(rngs.params(), shape, jnp.float32) / jnp.sqrt(fan_in)).astype(dtype)
@@ -30,14 +32,20 @@ class RMSNorm(nnx.Module):
 
 
 class Linear(nnx.Module):
-    """x @ W (+ b) with W stored [in, out]."""
+    """x @ W (+ b) with W stored [in, out], or low-precision [out, in] in `packed`.
+
+    `packed` (a quant.BlockQuant) is attached by weight_formats.attach_packed, which drops `w`;
+    the product is then weight_formats.packed_product (the backend's way to dequantize).
+    """
 
     def __init__(self, d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False):
         self.w = nnx.Param(_init(rngs, (d_in, d_out), d_in, dtype))
         self.b = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
+        self.packed = nnx.data(None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = jnp.einsum("...i,io->...o", x, self.w[...])
+        packed = self.packed
+        y = packed_product(packed, x) if packed is not None else jnp.einsum("...i,io->...o", x, self.w[...])
         return y + self.b[...] if self.b is not None else y
 
 

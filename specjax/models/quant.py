@@ -1,4 +1,7 @@
-"""An exact int8 copy of a GGUF-quantised output head, for one-row products on CPU.
+"""Low-precision matrices (`BlockQuant`), first made for an exact int8 copy of the output head.
+
+`weights=int8|q4|bfloat16` (weight_formats.py) stores every matrix as a BlockQuant; the rest of this
+note is about the head copy that float32 models keep.
 
 At batch 1 a decode step is bound by reading weights, and Gemma 3 270M's tied
 262,144 × 640 head is 62.6% of them: 671 MB per step in float32. GGUF stores it as Q8_0
@@ -8,11 +11,11 @@ w = a·q (− b). Kept as int8 q plus float32 a (and b) the head costs ~190 MB p
 XLA:CPU fuses the int8 → float32 conversion into a 2-D [1, D] @ [V, D]ᵀ product: one
 loop fusion, nothing materialised (27.7 vs 44.4 ms per step, docs/performance.md).
 
-Only the head uses it: a single row through the fused product, 2–64 rows (speculative
-verification, batches) through `matmul_chunked`, which converts one block of rows at a time
-(a whole-table conversion would be materialised). For the decoder's own
-linear maps the fused loop recomputes the producer (RMSNorm, GeGLU) per output element,
-which made the body slower, not faster. Both paths hold bit-identical weights —
+The head: a single row through the fused product, 2–64 rows (speculative verification,
+batches) through `matmul_chunked`, which converts one block of rows at a time (a whole-table
+conversion would be materialised). For the decoder's own linear maps the fused loop recomputes
+the producer (RMSNorm, GeGLU) per output element, so they always go through `matmul_chunked`
+(weight_formats.packed_product). Both paths hold bit-identical weights —
 conversion checks it against the gguf package's dequantisation and keeps float32 only
 otherwise — so the choice changes nothing but the order of a dot product's additions.
 """
@@ -56,26 +59,42 @@ def _affine_params(qtype_name: str, blocks: np.ndarray) -> tuple[int, np.ndarray
 
 
 class BlockQuant(nnx.Module):
-    """int8 values [out, in] with a float32 scale (and offset) per block along `in`."""
+    """A low-precision matrix [out, in]: values with a float32 scale (and offset) per block along `in`.
 
-    def __init__(self, values_oi, scale_ob, offset_ob=None):
-        self.values = QuantBuffer(jnp.asarray(values_oi, jnp.int8))
-        self.scale = QuantBuffer(jnp.asarray(scale_ob, jnp.float32))
+    values: int8 [out, in]; uint8 [out, in / 2] holding 4-bit integers (column j in the low
+    nibble, column j + in / 2 in the high one, so unpacking is a concatenation, no interleave);
+    or bfloat16 [out, in] without scale. w = values · scale (− offset), `scale` [out, nb] with
+    nb blocks of in / nb columns (nb = 1: per output channel).
+    """
+
+    def __init__(self, values_oi, scale_ob=None, offset_ob=None):
+        values = jnp.asarray(values_oi)
+        if values.dtype not in (jnp.int8, jnp.uint8, jnp.bfloat16):
+            raise ValueError(f"BlockQuant values must be int8, uint8 (4-bit pairs) or bfloat16, not {values.dtype}")
+        self.values = QuantBuffer(values)
+        self.scale = None if scale_ob is None else QuantBuffer(jnp.asarray(scale_ob, jnp.float32))
         self.offset = None if offset_ob is None else QuantBuffer(jnp.asarray(offset_ob, jnp.float32))
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) of the matrix the values stand for."""
+        o, c = self.values.shape
+        return o, c * 2 if self.values.dtype == jnp.uint8 else c
+
     def dequantized(self, live: jax.Array | None = None) -> jax.Array:
-        o, i = self.values.shape
-        nb = self.scale.shape[1]
         values = self.values[...]
         if live is not None:
             # A no-op XLA cannot prove: inside a loop it ties the int8 → float32 conversion to
             # the loop variable, so loop-invariant code motion cannot hoist a float32 copy.
-            values = jnp.where(live >= 0, values, jnp.int8(0))
-        q = values.reshape(o, nb, i // nb).astype(jnp.float32)
-        w = q * self.scale[...][:, :, None]
-        if self.offset is not None:
-            w = w - self.offset[...][:, :, None]
-        return w.reshape(o, i)
+            values = jnp.where(live >= 0, values, jnp.zeros((), values.dtype))
+        return _dequantize(values, _get(self.scale), _get(self.offset))
+
+    def rows(self, ids: jax.Array) -> jax.Array:
+        """Dequantized rows `ids` (any shape) → [*ids.shape, in]: an embedding lookup."""
+        flat = ids.reshape(-1)
+        take = lambda a: None if a is None else jnp.take(a[...], flat, axis=0)
+        w = _dequantize(take(self.values), take(self.scale), take(self.offset))
+        return w.reshape(*ids.shape, w.shape[-1])
 
     def matvec(self, x_1i: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """[1, in] → [1, out]. Kept 2-D: that is the form XLA fuses (see module doc).
@@ -111,29 +130,42 @@ class BlockQuant(nnx.Module):
 
         max_nm, arg_nm = self._scan_blocks(x_mi, chunk, reduce)
         best_m = jnp.argmax(max_nm, axis=0)
-        rows = self.values.shape[0] // max_nm.shape[0]
+        rows = self.shape[0] // max_nm.shape[0]
         local_m = jnp.take_along_axis(arg_nm, best_m[None, :], axis=0)[0]
         return (best_m * rows + local_m).astype(jnp.int32)
 
     def _scan_blocks(self, x_mi: jax.Array, chunk: int, out_fn):
         """Stacks out_fn(x @ Wᵀ restricted to each block of `chunk` output rows) over the blocks."""
-        o, i = self.values.shape
+        o, i = self.shape
         rows = _chunk_rows(o, chunk)
-        nb = self.scale.shape[1]
         n = o // rows
-        values = self.values[...].reshape(n, rows, nb, i // nb)
-        scale = self.scale[...].reshape(n, rows, nb)
-        offset = None if self.offset is None else self.offset[...].reshape(n, rows, nb)
+        split = lambda a: None if a is None else a[...].reshape(n, rows, *a.shape[1:])
         x = x_mi.astype(jnp.float32)
 
         def block(_, args):
-            v, a, b = args
-            w = v.astype(jnp.float32) * a[:, :, None]
-            if b is not None:
-                w = w - b[:, :, None]
-            return None, out_fn(jax.lax.dot_general(x, w.reshape(rows, i), (((1,), (1,)), ((), ()))))
+            w = _dequantize(*args)
+            return None, out_fn(jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))))
 
-        return jax.lax.scan(block, None, (values, scale, offset))[1]
+        return jax.lax.scan(block, None, (split(self.values), split(self.scale), split(self.offset)))[1]
+
+
+def _get(var):
+    return None if var is None else var[...]
+
+
+def _dequantize(values, scale, offset) -> jax.Array:
+    """float32 [rows, in] from values [rows, in] (int8 / bfloat16) or [rows, in / 2] (uint8 4-bit pairs)."""
+    if values.dtype == jnp.uint8:
+        values = jnp.concatenate([values & 15, values >> 4], axis=-1)
+    w = values.astype(jnp.float32)
+    if scale is None:
+        return w
+    r, i = w.shape
+    nb = scale.shape[-1]
+    w = w.reshape(r, nb, i // nb) * scale[:, :, None]
+    if offset is not None:
+        w = w - offset[:, :, None]
+    return w.reshape(r, i)
 
 
 def _chunk_rows(out_dim: int, chunk: int) -> int:
@@ -144,11 +176,12 @@ def _chunk_rows(out_dim: int, chunk: int) -> int:
     return out_dim
 
 
-def block_quant_from_gguf(tensor) -> dict[str, np.ndarray] | None:
+def block_quant_from_gguf(tensor, dequantized: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
     """Arrays of an exact BlockQuant for a gguf ReaderTensor, or None (format not covered).
 
     The integers are recovered as round((w − b) / a) from the gguf package's float32
-    dequantisation and kept only if they reproduce it bit for bit.
+    dequantisation (`dequantized`, [out, in], computed when not given) and kept only if they
+    reproduce it bit for bit.
     """
     import gguf
 
@@ -163,7 +196,9 @@ def block_quant_from_gguf(tensor) -> dict[str, np.ndarray] | None:
     if params is None:
         return None
     sub, a, b = params
-    w = np.asarray(gguf.quants.dequantize(raw, tensor.tensor_type), np.float32).reshape(out_dim, in_dim // sub, sub)
+    if dequantized is None:
+        dequantized = gguf.quants.dequantize(raw, tensor.tensor_type)
+    w = np.asarray(dequantized, np.float32).reshape(out_dim, in_dim // sub, sub)
     a = a.reshape(out_dim, in_dim // sub)
     b = None if b is None else b.reshape(out_dim, in_dim // sub)
     num = w if b is None else w + b[:, :, None]

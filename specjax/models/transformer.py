@@ -9,7 +9,8 @@ from flax import nnx
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
-from specjax.models.quant import MAX_CHUNKED_ROWS, BlockQuant
+from specjax.models.quant import BlockQuant
+from specjax.models.weight_formats import matmul_profile
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
@@ -94,9 +95,15 @@ class Transformer(nnx.Module):
         self.head = None if cfg.tie_embeddings else nnx.Param(
             _init(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, dtype))
         self.head_quant: BlockQuant | None = nnx.data(None)  # attached by the GGUF loader
+        # A low-precision embedding replaces `embed` (weight_formats.attach_packed); a tied
+        # head_quant is then the same object.
+        self.embed_packed: BlockQuant | None = nnx.data(None)
 
     def embed_tokens(self, tokens_bt: jax.Array) -> jax.Array:
-        x_btd = jnp.take(self.embed[...], tokens_bt, axis=0)
+        if self.embed_packed is not None:
+            x_btd = self.embed_packed.rows(tokens_bt).astype(self.dtype)
+        else:
+            x_btd = jnp.take(self.embed[...], tokens_bt, axis=0)
         return x_btd * jnp.asarray(self.cfg.embed_multiplier, self.dtype)
 
     def __call__(
@@ -159,15 +166,19 @@ class Transformer(nnx.Module):
         return x_btd, (None if kv is None else (tuple(new_k), tuple(new_v)))
 
     def head_table(self) -> jax.Array:
-        """The [V, D] output table: the tied embedding, or the separate head."""
-        return self.embed[...] if self.head is None else self.head[...]
+        """The [V, D] output table: the tied embedding, or the separate head (dequantized when the `weights=`
+        format packed it)."""
+        table = self._float_table()
+        return table[...] if table is not None else self.head_quant.dequantized().astype(self.dtype)
 
     def logits(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """Vocabulary logits (float32) for the given hidden states.
 
-        When the loader attached an exact int8 copy of a quantised head, one row uses its
-        fused product and up to MAX_CHUNKED_ROWS rows on CPU its block-wise product
-        (`quant.py` explains why only then); everything else uses the float32 table.
+        When the loader attached a low-precision head (an exact int8 copy of a quantised float32
+        head, or the `weights=` format's), one row uses its fused product and, on CPU, up to
+        `MatmulProfile.head_blockwise_rows` rows (every row count without a float32 table) its
+        block-wise product (`quant.py` explains why only then); everything else uses the float32
+        table, or the dequantized low-precision one on accelerators.
         """
         b, t, d = hidden_btd.shape
         if self.head_quant is not None and b * t == 1:
@@ -175,7 +186,8 @@ class Transformer(nnx.Module):
         elif self._head_in_blocks(b * t):
             # Few rows on CPU (verification, batches): block-wise int8 conversion beats the
             # float32 GEMM; accelerators keep the one large product.
-            logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t, -1)
+            logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d),
+                                                    matmul_profile().head_chunk_rows).reshape(b, t, -1)
         else:
             table_vd = self.head_table()
             # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
@@ -193,9 +205,15 @@ class Transformer(nnx.Module):
             return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
         return jnp.argmax(self.logits(hidden_btd, live), axis=-1).astype(jnp.int32)
 
+    def _float_table(self):
+        """The float32 / bfloat16 head table (the embedding when tied), or None when packed."""
+        return self.embed if self.head is None and self.cfg.tie_embeddings else self.head
+
     def _head_in_blocks(self, rows: int) -> bool:
-        """Whether `rows` head products take the block-wise int8 path (CPU, few rows; quant.py)."""
-        return self.head_quant is not None and rows <= MAX_CHUNKED_ROWS and jax.default_backend() == "cpu"
+        """Whether `rows` head products take the block-wise low-precision path (CPU; quant.py)."""
+        prof = matmul_profile()
+        return (self.head_quant is not None and prof.blockwise
+                and (rows <= prof.head_blockwise_rows or self._float_table() is None))
 
     def init_cache(self, batch: int, slots: int) -> KVCache:
         c = self.cfg

@@ -1,0 +1,216 @@
+"""Weight formats chosen per load (`weights=`): matrices kept low-precision on the device.
+
+Formats (what a matrix holds; from a GGUF file; from float weights):
+
+- float32: float32 (the head also keeps its exact int8 copy, quant.py); dequantized; as is.
+- bfloat16: bfloat16, no scale; rounded; rounded.
+- int8: int8 + float32 scale (and offset) per block of `in`; the file's own integers (Q8_0, Q5_0,
+  Q4_K, Q6_K: bit-identical to float32); per output channel, symmetric.
+- q4: 4-bit pairs in uint8 + float32 scale and offset per 32; Q4_K blocks as they are, tensors the
+  file stores in more bits as exact int8 (like the file itself); per group of 32, asymmetric.
+
+Every linear map of the blocks, the embedding and the head take the format; norms and biases stay
+float32. Inside the jitted step a matrix is dequantized and multiplied as `MatmulProfile` says
+(`matmul_profile`, the one backend switch):
+
+- XLA:CPU converts one cache-sized block of output rows at a time inside a `lax.scan`, for one row
+  and many alike. The scan does two things: the product's input arrives computed (a loop boundary
+  is opaque to fusion; fused into a gemv, XLA recomputed RMSNorm / GeGLU per output element, which
+  made a fused int8 body slower than float32), and a few-row product reads a cache-resident float32
+  block instead of packing a whole converted matrix for a GEMM (the multi-row cliff of
+  docs/performance.md). The head's one-row product keeps its fused form (quant.py).
+- Other backends dequantize and call one `dot_general` (XLA fuses the conversion on GPU / TPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from specjax.models.config import ConfigError
+from specjax.models.quant import CHUNK_ROWS, MAX_CHUNKED_ROWS, BlockQuant, block_quant_from_gguf
+
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "q4")
+Q4_GROUP = 32
+
+
+def resolve_weights(name: str) -> str:
+    """Checks a `weights=` option, with a clear message for anything else."""
+    if name not in WEIGHT_FORMATS:
+        raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulProfile:
+    """How low-precision matrices are multiplied on one backend.
+
+    Attributes:
+      blockwise: convert a block of output rows at a time inside a `lax.scan` (XLA:CPU); False:
+        dequantize the whole matrix and call one dot_general (fused by XLA on accelerators).
+      block_bytes: float32 bytes of one converted block of a decoder matrix (cache-resident).
+      head_chunk_rows: rows of the head's blocks (its one-row product is fused, quant.py).
+      head_blockwise_rows: up to this many rows the head uses its blocks when a float32 table
+        also exists (beyond it the float32 GEMM); without a float32 table, always.
+    """
+
+    blockwise: bool
+    block_bytes: int = 3 << 19  # 1.5 MiB: Gemma gate 512 rows, Qwen gate 256 rows (fits a 2 MiB L2)
+    head_chunk_rows: int = CHUNK_ROWS
+    head_blockwise_rows: int = MAX_CHUNKED_ROWS
+
+
+_PROFILES = {"cpu": MatmulProfile(blockwise=True)}
+_ACCELERATOR = MatmulProfile(blockwise=False, head_blockwise_rows=0)
+
+
+def matmul_profile(backend: str | None = None) -> MatmulProfile:
+    """The profile of `backend` (default: JAX's default backend)."""
+    return _PROFILES.get(backend or jax.default_backend(), _ACCELERATOR)
+
+
+def block_rows(out_dim: int, in_dim: int, block_bytes: int) -> int:
+    """Output rows per converted block: the largest divisor of out_dim within block_bytes of float32,
+    at most half of out_dim (a one-block scan is removed by XLA, and its fusion shield with it)."""
+    target = max(1, min(block_bytes // (4 * in_dim), out_dim // 2))
+    for rows in range(target, 0, -1):
+        if out_dim % rows == 0:
+            return rows
+    return out_dim
+
+
+def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
+    """x [..., in] @ Wᵀ → [..., out] in x's dtype, W the low-precision matrix (see module doc)."""
+    prof = matmul_profile()
+    o, i = packed.shape
+    x_mi = x.reshape(-1, i)
+    if prof.blockwise:
+        y = packed.matmul_chunked(x_mi, block_rows(o, i, prof.block_bytes))
+    else:
+        y = jax.lax.dot_general(x_mi, packed.dequantized().astype(x.dtype), (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    return y.astype(x.dtype).reshape(*x.shape[:-1], o)
+
+
+# --- packing on the host, one matrix at a time -------------------------------------------------
+
+def pack_matrix(w_oi: np.ndarray, fmt: str, tensor=None) -> dict[str, np.ndarray]:
+    """Arrays of a BlockQuant holding w [out, in] in `fmt` ("bfloat16", "int8" or "q4").
+
+    With the GGUF `tensor` w came from (w = its float32 dequantization), the file's own integers
+    are kept when they reproduce w exactly (quant.block_quant_from_gguf): int8 always then, and
+    4 bits when they fit (Q4_K). Otherwise w is quantized: int8 per output channel, q4 per group.
+    """
+    if fmt == "bfloat16":
+        return {"values": np.asarray(w_oi, np.float32).astype(ml_dtypes.bfloat16)}
+    exact = None if tensor is None else block_quant_from_gguf(tensor, w_oi)
+    if exact is not None:
+        if fmt == "q4" and "offset" in exact and exact["values"].min() >= 0 and exact["values"].max() <= 15:
+            exact["values"] = pack_nibbles(exact["values"].astype(np.uint8))
+        return exact
+    if fmt == "int8":
+        return quantize_int8_per_channel(w_oi)
+    if fmt == "q4":
+        return quantize_q4(w_oi)
+    raise ConfigError(f"no packed form for weights={fmt!r}")
+
+
+def pack_nibbles(q_oi: np.ndarray) -> np.ndarray:
+    """uint8 [out, in / 2]: column j in the low nibble, column j + in / 2 in the high one."""
+    half = q_oi.shape[1] // 2
+    return (q_oi[:, :half] | (q_oi[:, half:] << 4)).astype(np.uint8)
+
+
+def quantize_int8_per_channel(w_oi: np.ndarray) -> dict[str, np.ndarray]:
+    """Symmetric int8 per output row: scale = max |w| / 127 (error ≤ scale / 2 per weight)."""
+    w = np.asarray(w_oi, np.float32)
+    scale = np.abs(w).max(axis=1, keepdims=True) / 127.0
+    safe = np.where(scale == 0, 1.0, scale)
+    return {"values": np.clip(np.rint(w / safe), -127, 127).astype(np.int8), "scale": scale.astype(np.float32)}
+
+
+def quantize_q4(w_oi: np.ndarray) -> dict[str, np.ndarray]:
+    """Asymmetric 4-bit per group along `in`: w ≈ q·scale − offset, q ∈ 0…15, offset = −min.
+
+    Groups of Q4_GROUP (32) columns, fewer where in / 2 is not a multiple (each half of a row,
+    packed into one nibble, must hold whole groups).
+    """
+    o, i = w_oi.shape
+    if i % 2:
+        raise ConfigError(f"weights=q4 needs even matrix widths, got {i}")
+    group = math.gcd(Q4_GROUP, i // 2)
+    g = np.asarray(w_oi, np.float32).reshape(o, i // group, group)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    scale = (hi - lo) / 15.0
+    safe = np.where(scale == 0, 1.0, scale)
+    q = np.clip(np.rint((g - lo[:, :, None]) / safe[:, :, None]), 0, 15).astype(np.uint8).reshape(o, i)
+    return {"values": pack_nibbles(q), "scale": scale.astype(np.float32), "offset": (-lo).astype(np.float32)}
+
+
+def is_matrix(name: str) -> bool:
+    """Whether parameter `name` (params.py naming) takes the weight format."""
+    return name.endswith(".w") or name in ("embed", "head")
+
+
+# --- attaching packed matrices to a model ------------------------------------------------------
+
+def iter_linears(model) -> Iterator[tuple[str, object]]:
+    """(parameter name of W, Linear module) for every linear map of the decoder blocks."""
+    from flax import nnx
+
+    from specjax.models.layers import Linear
+
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, Linear):
+            yield ".".join(map(str, path)) + ".w", node
+
+
+def attach_packed(model, packed: dict[str, BlockQuant]) -> None:
+    """Moves the named matrices of `model` to their packed forms, dropping the float32 Params.
+
+    `packed` maps params.py names ("blocks.0.attn.q.w", "embed", "head") to BlockQuant [out, in];
+    a tied model's head is its embedding, so the head reads the same buffers.
+    """
+    for name, lin in list(iter_linears(model)):
+        if name in packed:
+            lin.w = None
+            lin.packed = packed[name]
+    if "embed" in packed:
+        model.embed = None
+        model.embed_packed = packed["embed"]
+        if model.cfg.tie_embeddings:
+            model.head_quant = packed["embed"]
+    if "head" in packed:
+        model.head = None
+        model.head_quant = packed["head"]
+
+
+def pack_model(model, fmt: str) -> None:
+    """Converts a float model's matrices to `fmt` in place (HF directories, tests; GGUF files
+    convert per tensor from the file instead: packed_cache.py)."""
+    if resolve_weights(fmt) == "float32":
+        return
+    from specjax.models.params import model_weights
+
+    weights = model_weights(model)
+    packed = {}
+    for name, w in weights.items():
+        if is_matrix(name):
+            w_oi = w.T if name.endswith(".w") else w
+            a = pack_matrix(np.ascontiguousarray(w_oi), fmt)
+            packed[name] = BlockQuant(a["values"], a.get("scale"), a.get("offset"))
+    attach_packed(model, packed)
+
+
+def stored_bytes(model) -> int:
+    """Bytes of every array the model keeps (a decode step reads about this much at batch 1)."""
+    from flax import nnx
+
+    return sum(int(np.prod(v.shape)) * jnp.dtype(v.dtype).itemsize
+               for v in jax.tree.leaves(nnx.state(model)) if hasattr(v, "shape"))

@@ -1,0 +1,148 @@
+"""weights= from GGUF files: the per-format cache, and greedy / perplexity checks on the real models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import full_logits
+from test_gguf_loader import gguf_tensors, tiny_weights, write_gguf
+
+import specjax.models.loading as loading
+import specjax.models.weight_formats as wf
+
+QWEN_GGUF = Path("/work/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", "q4"])
+def test_cached_conversion_equals_the_first_and_the_float_model_packed(fmt, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "tiny.gguf", tensors=gguf_tensors(tiny_weights()))
+    said: list[str] = []
+    first, _ = loading.load_gguf(path, progress=said.append, weights=fmt)
+    assert any("first use only" in s for s in said)
+    said.clear()
+    again, tok = loading.load_gguf(path, progress=said.append, weights=fmt)
+    assert not any("first use only" in s for s in said) and tok.encode("hello")
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(fmt)]
+    reference, _ = loading.load_gguf(path)
+    wf.pack_model(reference, fmt)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 8)), jnp.int32)
+    want = full_logits(reference, tokens)
+    np.testing.assert_array_equal(full_logits(first, tokens), full_logits(again, tokens))
+    np.testing.assert_allclose(full_logits(again, tokens), want, rtol=1e-6, atol=1e-6)
+    assert again.embed is None and again.embed_packed is not None
+
+
+# ---------------------------------------------------------------------------------- real models (slow)
+PROMPTS = [
+    "The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "Q: What are the three states of matter?\nA:",
+    "Once upon a time, in a small village at the foot of the mountains, there lived",
+]
+PPL_TEXT = (  # a fixed text for perplexity (public-domain style prose and code)
+    "The history of computing is a story of abstraction. Early machines were programmed by rewiring "
+    "panels; later, stored programs let the same hardware run many tasks. High-level languages hid the "
+    "registers, operating systems hid the devices, and libraries hid the algorithms.\n\n"
+    "def mean(values):\n    return sum(values) / len(values)\n\n"
+    "Each layer lets people think about what they want to do rather than how the machine does it."
+)
+
+
+def continuation(model, tok, prompt: str, n: int) -> list[int]:
+    """n greedy tokens (the decode loop, EOS ignored)."""
+    from specjax.decode.generate import GenerateConfig, Generator
+
+    comps, _ = Generator(model, tok).generate([prompt], GenerateConfig(max_new_tokens=n, ignore_eos=True))
+    return comps[0].tokens
+
+
+def teacher_forced(model, ids: list[int], first: int) -> np.ndarray:
+    """Logits predicting ids[first:] from the same prefix (one uncached forward)."""
+    return np.asarray(full_logits(model, jnp.asarray([ids], jnp.int32))[0, first - 1:-1])
+
+
+def perplexity(model, ids: list[int]) -> float:
+    lg = np.asarray(full_logits(model, jnp.asarray([ids], jnp.int32))[0, :-1], np.float64)
+    lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+    return float(np.exp(np.mean(lse - lg[np.arange(len(ids) - 1), ids[1:]])))
+
+
+def compare_formats(load, formats, n_tokens: int, report) -> dict:
+    """Per format and prompt: the first token where its greedy continuation leaves float32's, and the
+    max |Δlogit| with both models reading float32's continuation (the same inputs); perplexities."""
+    ref, tok = load("float32")
+    prompts = [tok.encode(p) for p in PROMPTS]
+    base = [continuation(ref, tok, p, n_tokens) for p in PROMPTS]
+    seqs = [p + b for p, b in zip(prompts, base, strict=True)]
+    base_lg = [teacher_forced(ref, s, len(p)) for s, p in zip(seqs, prompts, strict=True)]
+    ppl_ids = tok.encode(PPL_TEXT)
+    results = {"float32": {"ppl": perplexity(ref, ppl_ids)}}
+    for fmt in formats:
+        model = load(fmt)[0]
+        div, err = [], []
+        for text, p, want, s, want_lg in zip(PROMPTS, prompts, base, seqs, base_lg, strict=True):
+            got = continuation(model, tok, text, n_tokens)
+            div.append(next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None))
+            err.append(float(np.abs(teacher_forced(model, s, len(p)) - want_lg).max()))
+        results[fmt] = {"first_divergence": div, "max_abs_dlogit": err, "ppl": perplexity(model, ppl_ids)}
+        report(f"{fmt}: first divergence {div}, max |dlogit| {[round(e, 3) for e in err]}, "
+               f"perplexity {results[fmt]['ppl']:.3f} (float32 {results['float32']['ppl']:.3f})")
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_gemma_formats_against_float32(capsys):
+    cache = {}
+
+    def load(fmt):
+        if fmt == "int8-per-channel":  # the lossy path (what HF checkpoints get), from the float32 model
+            model, tok = loading.load_model(None)
+            wf.pack_model(model, "int8")
+            return model, tok
+        if fmt not in cache:
+            cache[fmt] = loading.load_model(None, weights=fmt)
+        return cache[fmt]
+
+    with capsys.disabled():
+        res = compare_formats(load, ["int8", "q4", "bfloat16", "int8-per-channel"], 64, print)
+    # The file's own integers: bit-identical weights, so identical greedy output and logits.
+    for fmt in ("int8", "q4"):
+        assert res[fmt]["first_divergence"] == [None] * len(PROMPTS)
+        assert max(res[fmt]["max_abs_dlogit"]) < 1e-3
+    # Lossy formats: most prompts agree for all 64 tokens; perplexity within 2% / 5% of float32.
+    for fmt, tol in (("bfloat16", 0.02), ("int8-per-channel", 0.05)):
+        assert sum(d is None for d in res[fmt]["first_divergence"]) >= len(PROMPTS) // 2, res[fmt]
+        assert abs(res[fmt]["ppl"] / res["float32"]["ppl"] - 1) < tol, res[fmt]
+
+
+@pytest.mark.slow
+def test_qwen_formats_against_float32(capsys):
+    if not QWEN_GGUF.is_file():
+        pytest.skip(f"Qwen2.5-Coder GGUF not installed at {QWEN_GGUF} (pip install -e '.[qwen]')")
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if free < 9e9:
+        pytest.skip(f"needs ~9 GB free memory for the float32 reference, {free / 1e9:.1f} GB available")
+    with capsys.disabled():
+        res = compare_formats(lambda fmt: loading.load_model(str(QWEN_GGUF), weights=fmt), ["q4", "int8"], 64,
+                              print)
+    for fmt in ("int8", "q4"):  # Q4_K and Q6_K blocks kept exactly
+        assert res[fmt]["first_divergence"] == [None] * len(PROMPTS), res[fmt]
+        assert abs(res[fmt]["ppl"] / res["float32"]["ppl"] - 1) < 1e-4
+
+
+def test_cli_option_loads_the_format_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
+    from specjax.decode.cli import DecodeOptions, run
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "tiny.gguf", tensors=gguf_tensors(tiny_weights()))
+    assert run(DecodeOptions(model=str(path), weights="int3", prompt="hello", max_new_tokens=2)) == 2
+    err = capsys.readouterr().err
+    assert "error: weights='int3' is not one of float32, bfloat16, int8, q4" in err and "Traceback" not in err
+    assert run(DecodeOptions(model=str(path), weights="q4", prompt="hello", max_new_tokens=3)) == 0
+    assert "weights=q4" in capsys.readouterr().err

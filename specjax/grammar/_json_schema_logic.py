@@ -6,7 +6,6 @@ Everything here either computes an exact result or raises `SchemaError`; nothing
 from __future__ import annotations
 
 import json
-import math
 import re
 
 from specjax.grammar._json_formats import FORMATS
@@ -261,7 +260,3 @@ def _norm(value):
         return {k: _norm(v) for k, v in sorted(value.items())}
     return value
 
-
-def integer_bounds(lo, hi) -> tuple[int | None, int | None]:
-    """Inclusive integer bounds from real-valued inclusive bounds."""
-    return (None if lo is None else math.ceil(lo)), (None if hi is None else math.floor(hi))

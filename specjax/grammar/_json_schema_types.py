@@ -7,6 +7,7 @@ import math
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
+from specjax.grammar._counted import MAX_POSITIONS
 from specjax.grammar._json_formats import FORMATS
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._regex_fsm import TooLarge, length_bounded_rules
@@ -32,6 +33,14 @@ def json_string_terminal(content: str) -> str:
 
 def _pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
+
+
+def _check_count(kw: str, path: str, count: int, what: str, at_least: bool = True) -> None:
+    """Refuses a length bound that would unroll into more automaton states than the regex limit allows."""
+    if count > MAX_POSITIONS:
+        bound = "at least" if at_least else "up to"
+        raise SchemaError(kw, path, f"{bound} {count:,} {what}: a DFA counts with one state per {what[:-1]} (limit "
+                                    f"{MAX_POSITIONS:,} per string or array); lower {kw} in the schema")
 
 
 def _repeat(char: str, lo: int, hi: int | None) -> str:
@@ -173,6 +182,7 @@ class TypeEmitter:
         for kw, v in (("minItems", lo), ("maxItems", hi)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
+        _check_count("minItems", path, lo, "items")
         if node.get("uniqueItems") is True and (hi is None or hi > 1):
             raise SchemaError("uniqueItems", path, "item uniqueness is not context-free (only with maxItems <= 1)")
         for i, p in enumerate(prefix):
@@ -193,7 +203,7 @@ class TypeEmitter:
             if lo > hi:
                 raise
         w = self.c.ws
-        body = self._items(elems, more, lo, hi, 0)
+        body = self._items(elems, more, lo, hi, 0, path)
         return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'
 
     def _item_schemas(self, node: dict, path: str):
@@ -212,30 +222,36 @@ class TypeEmitter:
             return items, node.get("additionalItems", True), f"{path}/additionalItems", "items"
         return [], items, f"{path}/items", "items"
 
-    def _items(self, elems: list[str], more: str | None, lo: int, hi: int | None, i: int) -> str:
+    def _items(self, elems: list[str], more: str | None, lo: int, hi: int | None, i: int, path: str) -> str:
         """Items from index i on (i > 0: one comma before each)."""
         comma = self.comma if i else ""
         if i < len(elems):
             if hi is not None and i >= hi:
                 return ""
-            seq = f"{comma} {elems[i]} {self._items(elems, more, lo, hi, i + 1)}".strip()
+            seq = f"{comma} {elems[i]} {self._items(elems, more, lo, hi, i + 1, path)}".strip()
             return seq if i < lo else f"({seq})?"
         if more is None or (hi is not None and hi <= i):
             return ""
         a, b = max(lo - i, 0), (None if hi is None else hi - i)
         if i == 0:  # the first item has no comma before it
-            rest = self._repeat_group(f"{self.comma} {more}", max(a - 1, 0), None if b is None else b - 1)
+            rest = self._repeat_group(f"{self.comma} {more}", max(a - 1, 0), None if b is None else b - 1, path)
             seq = f"{more} {rest}".strip()
             return seq if a >= 1 else f"({seq})?"
-        return self._repeat_group(f"{comma} {more}", a, b)
+        return self._repeat_group(f"{comma} {more}", a, b, path)
 
-    @staticmethod
-    def _repeat_group(item: str, a: int, b: int | None) -> str:
+    def _repeat_group(self, item: str, a: int, b: int | None, path: str) -> str:
         if b == 0:
             return ""
         if b is None:
             return f"({item})*" if a == 0 else f"({item})+" if a == 1 else f"({item})~{a} ({item})*"
-        return f"({item})~{a}" if a == b else f"({item})~{a}..{b}"
+        if b - a <= 4:
+            return f"({item})~{a}" if a == b else f"({item})~{a}..{b}"
+        # lark writes x~a..b as one alternative per count (quadratic in b, minutes for maxItems 10000); a chain
+        # of rules "(x (up to k-1 more))?" is linear
+        more = ""
+        for _ in range(b - a):
+            more = self.c.rule_text(f"{path}/more_items", f"({item} {more})?" if more else f"({item})?")
+        return f"({item})~{a} {more}" if a else more
 
     # ---------------------------------------------------------------------------------- strings
     def string(self, node: dict, path: str) -> str:
@@ -245,7 +261,10 @@ class TypeEmitter:
                 raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
         if hi is not None and lo > hi:
             return None
+        _check_count("minLength", path, lo, "characters")
         body, width = self._string_body(node, path)
+        if body is None or not (lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi))):
+            _check_count("maxLength", path, hi or 0, "characters", at_least=False)
         if body is None:
             return json_string_terminal(_repeat(cs.json_class_text(cs.ANY), lo, hi))
         if lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi)):

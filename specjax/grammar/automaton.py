@@ -25,6 +25,8 @@ from collections import Counter
 
 import numpy as np
 
+from specjax.grammar import _deadline
+from specjax.grammar._dfa import byte_classes, minimize, row_ids
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import Cfg
 
@@ -50,54 +52,6 @@ class ByteAutomaton:
     accept_s: np.ndarray
     truncated: bool
     raw_states: int
-
-
-def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
-    """Bytes that behave alike in every state share a class: returns (class per byte [256], n_classes)."""
-    _, first, cls = np.unique(trans_nb.T, axis=0, return_index=True, return_inverse=True)
-    # Number classes by first byte so the result does not depend on np.unique's row order.
-    rank = np.argsort(np.argsort(first))
-    return rank[cls.reshape(-1)].astype(np.int32), len(first)
-
-
-def row_ids(rows_nk: np.ndarray) -> np.ndarray:
-    """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
-
-    Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
-    sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
-    only then are whole rows sorted.
-    """
-    mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
-    hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
-    _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
-    ids = ids.reshape(-1)
-    if not (rows_nk == rows_nk[first[ids]]).all():
-        ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
-    return ids
-
-
-def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> tuple[np.ndarray, int]:
-    """Moore partition refinement: returns (block per state, n_blocks); ``trans`` uses -1 or ``dead`` for reject.
-
-    Rejecting transitions are mapped to an extra sink so that they compare equal. Only distinct columns are
-    compared (bytes that act alike everywhere, e.g. all letters of a class, are one column).
-    """
-    n = len(accept)
-    sink = n
-    t = np.where(trans < 0, sink, trans)
-    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
-    part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
-    if dead is not None:
-        part[dead] = 2  # the dead state is alone (and equal to the sink)
-        part[sink] = 2
-    count = len(np.unique(part))
-    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
-    while True:
-        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
-        new_count = int(part.max()) + 1
-        if new_count == count:
-            return part[:n], new_count
-        count = new_count
 
 
 def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar") -> ByteAutomaton:
@@ -140,6 +94,56 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
     return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
 
 
+def _recursive_rules(cfg: Cfg) -> list[bool]:
+    """Per nonterminal: whether it lies on a cycle of the grammar (it can derive a form holding itself).
+
+    Tarjan's strongly connected components, iterative (JSON Schema grammars have thousands of rules).
+    """
+    n = len(cfg.rule_names)
+    uses: list[list[int]] = [[] for _ in range(n)]
+    self_loop = [False] * n
+    for lhs, syms in cfg.alts:
+        for x in syms:
+            if x < 0:
+                uses[lhs].append(-x - 1)
+                self_loop[lhs] |= -x - 1 == lhs
+    index, low, on_stack, stack, out, counter = [-1] * n, [0] * n, [False] * n, [], list(self_loop), 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack[v] = True
+            if i < len(uses[v]):
+                work.append((v, i + 1))
+                w = uses[v][i]
+                if index[w] < 0:
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    for w in component:
+                        out[w] = True
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return out
+
+
 def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     alive = accept.copy()
     while True:
@@ -155,7 +159,8 @@ class _Builder:
     def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str):
         self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
         self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
-        mats = [d.trans for d in cfg.terminals]
+        # A grammar without terminals (``start:`` with no body) matches only the empty string.
+        mats = [d.trans for d in cfg.terminals] or [np.full((1, 256), -1, np.int32)]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
         self.term_trans = [d.trans[:, first].tolist() for d in cfg.terminals]
@@ -165,6 +170,14 @@ class _Builder:
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
         self.alt_syms = [syms for _, syms in cfg.alts]
+        # Only recursion needs a bound: symbols pushed by a rule outside every cycle of the grammar (declared
+        # structure, e.g. a JSON Schema's nested objects) are *tagged* (terminal t -> t + n_terms, nonterminal
+        # n -> n - n_rules) and not counted, so such nesting is never cut at any depth; it is finite anyway.
+        self.n_terms, self.n_rules = len(cfg.terminals), len(cfg.rule_names)
+        self.recursive = _recursive_rules(cfg)
+        self.push_syms = [syms if self.recursive[lhs] else
+                          tuple(x + self.n_terms if x >= 0 else x - self.n_rules for x in syms)
+                          for lhs, syms in cfg.alts]
         # Nesting bound: a terminal may be pending at most max_depth times (or its count in one alternative,
         # if larger, so that straight-line repeats such as  "a" "a" "a"  are never cut): "]" is pending once
         # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
@@ -201,18 +214,21 @@ class _Builder:
                 continue
             seen.add(f)
             self._work += 1
+            if self._work % 1024 == 0:
+                _deadline.check()
             if self._work > 8 * self.max_states:  # a closure may blow up before any state is added
                 self._too_big(f"{self._work} parser configurations")
             if not f:
                 accept = True
                 continue
-            sym, rest = f[0], f[1:]
+            sym, rest = self._untag(f[0]), f[1:]
             if sym >= 0:
                 expects.add((sym, rest))
                 continue
+            recursive = self.recursive[-sym - 1]
             for a in self.alts_of[-sym - 1]:
-                new = self.alt_syms[a] + rest
-                if rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
+                new = self.push_syms[a] + rest
+                if recursive and rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
                     self.truncated = True  # deeper than max_depth: masked out
                     continue
                 todo.append(new)
@@ -244,9 +260,12 @@ class _Builder:
             contents(h)
         return must
 
+    def _untag(self, sym: int) -> int:
+        return sym - self.n_terms if sym >= self.n_terms else sym + self.n_rules if sym < -self.n_rules else sym
+
     def _weight(self, form: tuple[int, ...]) -> Counter:
-        """Symbol counts of a pending form, helpers counted with what they must hold."""
-        counts = Counter(form)
+        """Counts of the untagged symbols of a pending form, helpers counted with what they must hold."""
+        counts = Counter(x for x in form if -self.n_rules <= x < self.n_terms)
         for x in [x for x in counts if x in self._must]:
             counts.update({y: k * counts[x] for y, k in self._must[x].items()})
         return counts
@@ -299,6 +318,8 @@ class _Builder:
         init = (frozenset((t, 0, c) for t, c in self._fresh(start)), True)
         ids, order, rows, accepts = {init: 0}, [init], [], []
         while len(rows) < len(order):
+            if len(rows) % 64 == 0:
+                _deadline.check()
             threads, is_init = order[len(rows)]
             accepts.append(self._boundaries[start][1] if is_init else any(
                 self.term_accept[t][q] and self._boundaries[c][1] for t, q, c in threads))
@@ -338,8 +359,10 @@ class _Builder:
 
     def _too_big(self, reached: str) -> None:
         nested = sorted({_HELPER.sub("", self.cfg.rule_names[-x - 1]) for form in self._closure_memo
-                         for x, k in Counter(form).items() if x < 0 and k > 1})
+                         for x, k in self._weight(form).items() if x < 0 and k > 1})
+        change = "lower max_depth or raise max_states" if self.max_depth > 1 else "raise max_states"
         raise GrammarError(
             f"{self.name} is too large at nesting depth {self.max_depth} (max_depth): the construction stopped at "
             f"{reached} (cap: max_states={self.max_states}); nesting through rules "
-            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: lower max_depth or raise max_states")
+            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: {change} (GrammarOptions(max_depth=..., "
+            "max_states=...); grammar_max_depth=..., grammar_max_states=... on the command line)")

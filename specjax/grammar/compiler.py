@@ -12,6 +12,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.grammar import _deadline
 from specjax.grammar.automaton import INITIAL, build_automaton
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import load_lark
@@ -21,7 +22,7 @@ from specjax.grammar.tables import Vocabulary, mask_rows
 __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
 _CACHE_VERSION = "1"
-_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "tables.py", "compiler.py")
+_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "_dfa.py", "tables.py", "compiler.py")
 
 
 def _code_version() -> str:
@@ -44,6 +45,10 @@ class GrammarOptions:
         arrays); deeper nesting is masked out. Iteration (left/right recursion) is never bounded. The
         automaton grows about 3.6x per level for JSON (see docs/grammar.md).
       max_states: refuse grammars whose subset construction passes this many states.
+      timeout: refuse a grammar whose cold compile (terminals, automaton, mask tables) passes this many seconds
+        of CPU time (the compiling thread's, so a loaded machine does not change the outcome), with a message
+        naming the phase; None: no limit. Tables loaded from the disk cache are never limited. Not part of the
+        cache key.
       cache: read and write compiled tables under ``cache_root()/grammar``.
       eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
     """
@@ -51,6 +56,7 @@ class GrammarOptions:
     start: str = "start"
     max_depth: int = 3
     max_states: int = 200_000
+    timeout: float | None = 10.0
     cache: bool = True
     eos_ids: tuple[int, ...] | None = None
 
@@ -61,6 +67,8 @@ class GrammarOptions:
             raise GrammarError(f"max_depth must be at least 1, got {self.max_depth}")
         if self.max_states < 2:
             raise GrammarError(f"max_states must be at least 2, got {self.max_states}")
+        if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
+            raise GrammarError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
 
 
 _VOCABS: dict[tuple, tuple[object, Vocabulary, str]] = {}  # (id(tokenizer), eos) → ...
@@ -103,15 +111,19 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
     """
     options = options or GrammarOptions()
     vocab, vocab_hash = vocabulary_of(tokenizer, options.eos_ids)
-    key = hashlib.sha256(json.dumps([_code_version(), lark_text, dataclasses.asdict(options) | {"cache": None},
+    settings = dataclasses.asdict(options) | {"cache": None, "timeout": None}  # neither changes the tables
+    key = hashlib.sha256(json.dumps([_code_version(), lark_text, settings,
                                      vocab_hash]).encode()).hexdigest()[:32]
     path = _cache_dir() / f"{key}.npz"
     if options.cache and path.is_file():
         return _to_device(dict(np.load(path)), vocab)
     t0 = time.perf_counter()
-    cfg = load_lark(lark_text, options.start)
-    auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
-    rows, row_of_state = mask_rows(auto, vocab)
+    with _deadline.deadline(options.timeout):
+        cfg = load_lark(lark_text, options.start)
+        _deadline.phase("automaton")
+        auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
+        _deadline.phase("mask table")
+        rows, row_of_state = mask_rows(auto, vocab)
     host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
             "stats": np.array([auto.raw_states, int(auto.truncated), (time.perf_counter() - t0) * 1e6], np.int64)}
     if options.cache:

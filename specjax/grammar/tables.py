@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from specjax.grammar.automaton import DEAD, ByteAutomaton, byte_classes, row_ids
+from specjax.grammar import _deadline
+from specjax.grammar._dfa import byte_classes, row_ids
+from specjax.grammar.automaton import DEAD, ByteAutomaton
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
 
@@ -80,6 +82,7 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     row_keys: list[np.ndarray] = []
     row_of_rep = np.zeros(len(reps), np.int64)
     for lo in range(0, len(reps), _CHUNK):
+        _deadline.check()
         chunk = reps[lo:lo + _CHUNK]
         alive_ru = _walk(trans_sc, n_cls, chunk, trie, len(uniq))
         alive_ru = np.concatenate([alive_ru, auto.accept_s[chunk][:, None]], axis=1)
@@ -164,6 +167,7 @@ def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: _Trie, n_s
     node = np.zeros(len(states), np.int64)
     cur = states.astype(np.int64)
     for symbol, child_start, end_string in zip(trie.symbol, trie.child_start, trie.end_string, strict=True):
+        _deadline.check()
         first, count = child_start[node], child_start[node + 1] - child_start[node]
         offset = np.cumsum(count) - count
         child = np.repeat(first - offset, count) + np.arange(int(offset[-1] + count[-1]) if len(count) else 0)

@@ -7,6 +7,7 @@ import functools
 import json
 import random
 import warnings
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from hypothesis import strategies as st
 from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, draft_of, json_schema_to_lark
 from specjax.grammar.sample import LarkSampler
 
-BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "jsonschemabench"
+# ../shared/data/jsonschemabench next to the checkout (a git worktree may sit one level deeper).
+BENCH = next((p / "shared" / "data" / "jsonschemabench" for p in Path(__file__).resolve().parents
+              if (p / "shared" / "data" / "jsonschemabench").is_dir()), Path("/nonexistent"))
 PERSON = {
     "type": "object",
     "properties": {
@@ -299,7 +302,7 @@ def _property_order(schema) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", INSTANCE_SCHEMAS)
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=timedelta(seconds=30), suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_valid_instances_from_hypothesis_jsonschema_parse(name, data):
     schema = SCHEMAS[name]

@@ -33,6 +33,7 @@ from specjax.grammar.frontend import Cfg
 __all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_ids"]
 
 DEAD, INITIAL = 0, 1
+IGNORE_RUN = 3  # with max_ignore: at most this many %ignore'd lexemes in a row (whitespace, comment, whitespace)
 _HELPER = re.compile(r"(__rest|__f\d+)+$")  # rules the front-end added, named after their origin
 _FACTORED = re.compile(r"__f\d+$")  # the front-end's factored alternatives
 
@@ -54,7 +55,8 @@ class ByteAutomaton:
     raw_states: int
 
 
-def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar") -> ByteAutomaton:
+def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar",
+                    max_ignore: int | None = None) -> ByteAutomaton:
     """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
     Args:
@@ -63,12 +65,14 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
       max_states: refuse once the subset construction reaches this many states, or its parser closures
         this many configurations times 8; checked as they grow, so memory stays bounded by the cap.
       name: how error messages name the grammar.
+      max_ignore: at most this many bytes per ``%ignore``'d lexeme, and at most ``IGNORE_RUN`` such lexemes
+        between two terminals (and at either end); None: unbounded. A model cannot then loop on whitespace.
 
     Raises:
       GrammarError: the cap was reached (naming the grammar, the count, the recursive rules and the options to
         change), or an empty language under the bounds.
     """
-    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name).run()  # over byte classes
+    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name, max_ignore).run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -92,6 +96,21 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
     out[ids[src]] = np.where(tgt >= 0, ids[np.maximum(tgt, 0)], DEAD)
     acc[ids[src]] = raw_accept[src]
     return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
+
+
+def _length_bounded(dfa, max_len: int):
+    """The DFA of the strings of ``dfa`` of at most ``max_len`` bytes: states (state, bytes read), trimmed."""
+    from specjax.grammar._dfa import minimal_dfa
+
+    n = len(dfa.accept)
+    trans = np.full(((max_len + 1) * n, 256), -1, np.int32)
+    for k in range(max_len):  # (q, k) -> (q', k + 1)
+        step = dfa.trans
+        trans[k * n:(k + 1) * n] = np.where(step >= 0, step + (k + 1) * n, -1)
+    accept = np.tile(dfa.accept, max_len + 1)
+    alive = _coreachable(trans, accept)  # a lexeme that can no longer end must not keep the lexer greedy
+    trans = np.where((trans >= 0) & alive[np.maximum(trans, 0)], trans, -1)
+    return minimal_dfa(trans, accept)
 
 
 def _recursive_rules(cfg: Cfg) -> list[bool]:
@@ -156,15 +175,24 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 class _Builder:
     """Subset construction over lexer threads; see the module docstring."""
 
-    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str):
+    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str, max_ignore: int | None = None):
         self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
         self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
+        # Ignored lexemes: with max_ignore, each is a length-bounded copy of its terminal (its own terminal id,
+        # so the grammar's own uses of the terminal stay unbounded), and a boundary carries how many more
+        # ignored lexemes it allows (IGNORE_RUN at most in a row).
+        dfas = list(cfg.terminals)
+        self.ignore = list(cfg.ignore)
+        self.ignore_run = None if max_ignore is None else IGNORE_RUN
+        if max_ignore is not None:
+            self.ignore = list(range(len(dfas), len(dfas) + len(cfg.ignore)))
+            dfas += [_length_bounded(cfg.terminals[t], max_ignore) for t in cfg.ignore]
         # A grammar without terminals (``start:`` with no body) matches only the empty string.
-        mats = [d.trans for d in cfg.terminals] or [np.full((1, 256), -1, np.int32)]
+        mats = [d.trans for d in dfas] or [np.full((1, 256), -1, np.int32)]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
-        self.term_trans = [d.trans[:, first].tolist() for d in cfg.terminals]
-        self.term_accept = [d.accept.tolist() for d in cfg.terminals]
+        self.term_trans = [d.trans[:, first].tolist() for d in dfas]
+        self.term_accept = [d.accept.tolist() for d in dfas]
         self.alts_of = [cfg.alts_of(n) for n in range(len(cfg.rule_names))]
         # A parser configuration is the sequence of symbols still to be matched (the stack, flattened):
         # equal futures then have equal keys however they were reached (a list's first and later elements,
@@ -270,8 +298,8 @@ class _Builder:
             counts.update({y: k * counts[x] for y, k in self._must[x].items()})
         return counts
 
-    def _intern(self, expects: frozenset, accept: bool) -> int:
-        key = (expects, accept)
+    def _intern(self, expects: frozenset, accept: bool, ignores_left: int | None = None) -> int:
+        key = (expects, accept, self.ignore_run if ignores_left is None else ignores_left)
         if (b := self._boundary_ids.get(key)) is None:
             b = self._boundary_ids[key] = len(self._boundaries)
             self._boundaries.append(key)
@@ -291,8 +319,10 @@ class _Builder:
             return next(iter(boundaries))
         if (b := self._union_memo.get(boundaries)) is None:
             parts = [self._boundaries[x] for x in boundaries]
-            b = self._union_memo[boundaries] = self._intern(frozenset().union(*(e for e, _ in parts)),
-                                                           any(a for _, a in parts))
+            b = self._union_memo[boundaries] = self._intern(frozenset().union(*(e for e, _, _ in parts)),
+                                                           any(a for _, a, _ in parts),
+                                                           None if self.ignore_run is None else
+                                                           max(k for _, _, k in parts))
         return b
 
     def _fresh(self, boundary: int) -> tuple[tuple[int, int], ...]:
@@ -303,7 +333,11 @@ class _Builder:
         for term, cont in self._boundaries[boundary][0]:
             by_term.setdefault(term, set()).add(cont)
         out = [(t, self._close(c)) for t, c in by_term.items()]
-        out += [(t, boundary) for t in self.cfg.ignore]  # an ignored lexeme returns to this very boundary
+        expects, accept, left = self._boundaries[boundary]
+        if left is None:
+            out += [(t, boundary) for t in self.ignore]  # an ignored lexeme returns to this very boundary
+        elif left > 0:  # ... with one ignored lexeme fewer left
+            out += [(t, self._intern(expects, accept, left - 1)) for t in self.ignore]
         # Ignore terminals that the grammar also expects here need both continuations.
         merged: dict[int, set[int]] = {}
         for t, b in out:

@@ -49,6 +49,9 @@ class GrammarOptions:
         of CPU time (the compiling thread's, so a loaded machine does not change the outcome), with a message
         naming the phase; None: no limit. Tables loaded from the disk cache are never limited. Not part of the
         cache key.
+      max_ignore: at most this many bytes per ``%ignore``'d lexeme (whitespace, comments), and at most 3 such
+        lexemes between two terminals; None: unbounded. Unbounded whitespace lets a model loop on it until the
+        length limit (the JSON front-end's ``max_whitespace`` does the same for its flexible whitespace).
       cache: read and write compiled tables under ``cache_root()/grammar``.
       eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
     """
@@ -57,6 +60,7 @@ class GrammarOptions:
     max_depth: int = 3
     max_states: int = 200_000
     timeout: float | None = 10.0
+    max_ignore: int | None = 16
     cache: bool = True
     eos_ids: tuple[int, ...] | None = None
 
@@ -67,6 +71,8 @@ class GrammarOptions:
             raise GrammarError(f"max_depth must be at least 1, got {self.max_depth}")
         if self.max_states < 2:
             raise GrammarError(f"max_states must be at least 2, got {self.max_states}")
+        if self.max_ignore is not None and (not isinstance(self.max_ignore, int) or self.max_ignore < 1):
+            raise GrammarError(f"max_ignore must be a positive number of bytes or None, got {self.max_ignore!r}")
         if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
             raise GrammarError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
 
@@ -121,7 +127,8 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
     with _deadline.deadline(options.timeout):
         cfg = load_lark(lark_text, options.start)
         _deadline.phase("automaton")
-        auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
+        auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start),
+                               options.max_ignore)
         _deadline.phase("mask table")
         rows, row_of_state = mask_rows(auto, vocab)
     host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,

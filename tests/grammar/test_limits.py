@@ -133,3 +133,33 @@ def test_time_limit_is_not_part_of_the_cache_key(tmp_path, monkeypatch):
     b = compile_grammar('start: "a"+\n', Tok(), GrammarOptions(timeout=None))
     assert len(files) == 1 and sorted(tmp_path.rglob("*.npz")) == files
     assert np.array_equal(np.asarray(a.trans_sb), np.asarray(b.trans_sb))
+
+
+IGNORED = 'start: "a" ("," "a")*\n%ignore /[ \\n]+/\n%ignore /#[^\\n]*/\n'
+
+
+def test_ignored_text_is_bounded_per_lexeme_and_per_gap():
+    tables = compile_(IGNORED, max_ignore=4)
+    assert accepts(tables, "a , a") and accepts(tables, "a #xyz\n,a") and accepts(tables, " " * 12 + "a")
+    assert not accepts(tables, " " * 13 + "a")  # three whitespace lexemes of at most 4 bytes
+    assert not accepts(tables, "a #x #y\n,a")  # a 5-byte comment
+    assert not accepts(tables, "a" + " " * 13)  # at the end too
+    unbounded = compile_(IGNORED, max_ignore=None)
+    assert accepts(unbounded, " " * 100 + "a #x #y\n,a")
+
+
+def test_default_bound_stops_a_whitespace_loop():
+    tables = compile_(IGNORED)  # max_ignore=16 by default
+    trans, state = np.asarray(tables.trans_sb), tables.initial_state
+    for b in b"a,a":
+        state = int(trans[state, b])
+    steps = 0
+    while state and steps < 1000:  # a model that only ever wants a space
+        state, steps = int(trans[state, ord(" ")]), steps + 1
+    assert steps == 3 * 16 + 1  # 48 spaces, then the space token is masked out (dead state)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5])
+def test_max_ignore_must_be_positive(bad):
+    with pytest.raises(GrammarError, match="max_ignore"):
+        GrammarOptions(max_ignore=bad)

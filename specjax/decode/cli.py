@@ -77,6 +77,11 @@ class DecodeOptions:
     grammar_max_depth: int = 3
     json_whitespace: str = "compact"
     json_max_whitespace: int = 8
+    json_strict_objects: bool = False
+    json_unknown_formats: str = "refuse"
+    grammar_max_states: int = 200_000
+    grammar_timeout: float | None = 10.0
+    grammar_max_ignore: int | None = 16
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -114,7 +119,10 @@ def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
         return None
     (key, value), = given.items()
     options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
-               "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace}
+               "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace,
+               "strict_objects": opts.json_strict_objects, "unknown_formats": opts.json_unknown_formats,
+               "max_states": opts.grammar_max_states, "timeout": opts.grammar_timeout,
+               "max_ignore": opts.grammar_max_ignore}
     if key == "regex":
         return GrammarSpec("regex", str(value), **options)
     return GrammarSpec.from_file("lark" if key == "grammar" else "json_schema", str(value), **options)

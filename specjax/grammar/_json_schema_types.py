@@ -301,8 +301,8 @@ class TypeEmitter:
                 fmt = None
             else:
                 raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
-                                                  f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to "
-                                                  "leave it unenforced")
+                                                  f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to leave it "
+                                                  "unenforced (json_unknown_formats=ignore on the command line)")
         if fmt is not None and pattern is not None:
             raise SchemaError("pattern", path, "pattern together with format is not supported")
         if fmt is not None:

@@ -150,7 +150,9 @@ def merge(a: dict, b: dict, path: str) -> dict:
     """The intersection of two schemas as one schema, for the keyword combinations where it is exact."""
     out = dict(a)
     for kw, vb in b.items():
-        if kw not in out or kw in ANNOTATIONS:
+        # Annotations and keywords no draft defines (vendor "x-..." ones) take no part in validation: a
+        # conflict between branches there is no conflict at all.
+        if kw not in out or kw in ANNOTATIONS or (kw not in SUPPORTED and kw not in REFUSED):
             out.setdefault(kw, vb)
             continue
         va = out[kw]
@@ -184,6 +186,11 @@ def _merge_keyword(kw: str, va, vb, a: dict, b: dict, path: str):
     if kw == "enum":
         keep = {canonical(_norm(v)) for v in vb}
         return [v for v in va if canonical(_norm(v)) in keep]
+    if kw == "const":  # _same() already said they differ (1 and 1.0 are one value)
+        if canonical(_norm(va)) == canonical(_norm(vb)):
+            return va
+        raise EmptySchemaError("allOf", path, f"branches require different constants ({canonical(va)[:40]} vs "
+                                              f"{canonical(vb)[:40]}): no value satisfies both (empty language)")
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (va, vb))
     if numeric and kw in _TAKE_MAX:
         return max(va, vb)

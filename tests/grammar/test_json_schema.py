@@ -332,3 +332,18 @@ def test_jsonschemabench_sample():
         for _ in range(3):
             check.validate(json.loads(sampler.sample(rng)))
     assert converted >= 14  # ~90% of the bench converts; a regression in coverage shows here
+
+
+def test_allof_ignores_annotations_and_vendor_keywords_that_differ():
+    schema = {"allOf": [{"type": "integer", "x-order": 1, "description": "a", "nullable": False},
+                        {"minimum": 3, "x-order": 2, "description": "b", "nullable": True}]}
+    parser = _parser(json_schema_to_lark(schema))
+    assert _parses(parser, "3") and not _parses(parser, "2") and not _parses(parser, '"x"')
+
+
+def test_union_branch_with_conflicting_constants_is_dropped():
+    schema = {"const": "a", "anyOf": [{"const": "a"}, {"const": "b"}]}
+    parser = _parser(json_schema_to_lark(schema))
+    assert _parses(parser, '"a"') and not _parses(parser, '"b"')
+    with pytest.raises(SchemaError, match="different constants"):
+        json_schema_to_lark({"allOf": [{"const": 1}, {"const": 2}]})

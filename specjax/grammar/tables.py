@@ -50,10 +50,6 @@ class Vocabulary:
         self.kind_v[list(self.eos_ids)] = 1
         self._token_bytes = token_bytes
 
-    def token_list(self, select_v: np.ndarray) -> list[bytes]:
-        """The bytes of the selected ids."""
-        return [self._token_bytes[i] for i in np.nonzero(select_v)[0]]
-
 
 def pack_bits(bits_rv: np.ndarray) -> np.ndarray:
     """bool [R, V] → uint32 [R, ceil(V/32)]; token v is bit (v % 32) of word v // 32."""
@@ -106,14 +102,18 @@ def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray,
 
 
 def _class_strings(vocab: Vocabulary, cls_b: np.ndarray, text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique byte-class strings of the text tokens (uint8 [U, L], classes + 1, 0-padded) and each token's."""
-    table = bytes((cls_b + 1).astype(np.uint8).tolist())  # class ids + 1 < 256: one byte each
-    index: dict[bytes, int] = {}
-    ids = np.array([index.setdefault(b.translate(table), len(index)) for b in vocab.token_list(text)], np.int64)
-    uniq = np.zeros((len(index), vocab.max_len), np.uint8)
-    for string, i in index.items():
-        uniq[i, :len(string)] = np.frombuffer(string, np.uint8)
-    return uniq, ids
+    """Unique byte-class strings of the text tokens (uint8 [U, L], classes + 1, 0-padded) and each token's.
+
+    Vectorised over the vocabulary: each token's bytes are mapped to classes in one gather and the padded rows
+    are deduplicated by value (a per-token Python loop over 262,144 tokens took 1-3 s of every compile).
+    """
+    cls = np.append(cls_b + 1, 0).astype(np.uint8)  # index 256: padding
+    length = vocab.length_v[text]
+    padded = np.where(np.arange(vocab.max_len) < length[:, None], vocab.bytes_vl[text].astype(np.int64), 256)
+    strings = np.ascontiguousarray(cls[padded])
+    keys = strings.view(np.dtype((np.void, strings.shape[1]))).reshape(-1)
+    _, first, ids = np.unique(keys, return_index=True, return_inverse=True)
+    return strings[first], ids.reshape(-1).astype(np.int64)
 
 
 def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np.ndarray:

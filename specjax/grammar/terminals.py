@@ -70,7 +70,7 @@ def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
     if (pieces := split_counted(regex)) is not None:
         parts = [(d.trans, d.accept, lo, hi) for d, lo, hi in ((regex_dfa(p, where), lo, hi) for p, lo, hi in pieces)]
         return minimal_dfa(*sequence_dfa(parts))
-    _check_size(regex, where, size, MAX_POSITIONS_INTEREGULAR, " inside groups or alternatives")
+    _check_size(regex, where, size, MAX_POSITIONS_INTEREGULAR, ", with counts inside groups or alternatives")
     try:
         fsm = interegular.parse_pattern(regex).to_fsm()
     except Exception as e:  # interegular raises several unrelated types
@@ -81,9 +81,10 @@ def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
 def _check_size(regex: str, where: str, size: int, limit: int, how: str) -> None:
     if size > limit:
         shown = regex if len(regex) <= 80 else regex[:77] + "..."
-        raise GrammarError(f"{where}: {shown!r} has counted repetitions{how} that unroll to {size:,} character "
-                           f"positions (limit {limit:,}): an automaton counts with one state per position; use "
-                           "smaller counts, or an unbounded repetition (*, +) where the exact count does not matter")
+        raise GrammarError(f"{where}: {shown!r} is too large: {size:,} character positions once its counted "
+                           f"repetitions are unrolled{how} (limit {limit:,}): an automaton needs about one state per "
+                           "position; use smaller counts, or an unbounded repetition (*, +) where the exact count "
+                           "does not matter")
 
 
 def _check_supported(regex: str, where: str) -> int:

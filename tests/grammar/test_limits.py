@@ -82,7 +82,7 @@ def test_long_count_ranges_are_chains_not_quadratic_alternatives():
     (lambda: regex_to_lark("a{100000}"), RegexError, "100,000 character positions"),
     (lambda: regex_to_lark("(x(ab){3000}){2}"), RegexError, "12,002 character positions"),
     (lambda: compile_("start: A\nA: /a{100000}/\n"), GrammarError, "terminal A"),
-    (lambda: compile_("start: A\nA: /(?:(?:a{10}b){400}|c)/\n"), GrammarError, "with counts inside groups or alternatives"),
+    (lambda: compile_("start: A\nA: /(?:(?:a{10}b){400}|c)/\n"), GrammarError, "counts inside groups"),
     (lambda: json_schema_to_lark({"type": "string", "minLength": 100000}), SchemaError, "'minLength' at #"),
     (lambda: json_schema_to_lark({"type": "object", "properties": {"s": {"type": "string", "maxLength": 65535}}}),
      SchemaError, "'maxLength' at #/properties/s"),

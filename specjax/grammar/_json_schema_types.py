@@ -156,7 +156,41 @@ class TypeEmitter:
         return self.c.rule_text(f"{path}/{kind}", body) if body else ""
 
     def _key_not_in(self, names: list[str]) -> str:
-        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases)."""
+        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases).
+
+        A key that is not a name either stops inside the trie of the names (a proper prefix that is not a
+        name), or leaves it: by a raw character no name continues with, or by an escaped character (names
+        hold none, see below). After leaving, anything may follow, written once at the end rather than
+        at every trie node (that made the regex, and interegular's work, grow with nodes x ~60 positions).
+        """
+        if any(cs.intersect(cs.of_chars(n), cs.difference(cs.ANY, cs.JSON_RAW)) for n in names):
+            return self._key_not_in_per_node(names)  # a name with an escaped character: the general form
+        trie: dict = {}
+        for name in names:
+            node = trie
+            for ch in name:
+                node = node.setdefault(ch, {})
+            node[""] = True
+        escaped = cs.json_class_text(cs.difference(cs.ANY, cs.JSON_RAW))
+
+        def leave(node: dict) -> str:  # a trie path, then a raw character off the trie
+            kids = [k for k in node if k]
+            alts = [cs.json_class_text(cs.difference(cs.JSON_RAW, cs.of_chars("".join(kids))))]
+            alts += [cs.json_class_text(cs.of_chars(k)) + leave(node[k]) for k in kids]
+            return "(?:" + "|".join(alts) + ")"
+
+        def prefix(node: dict, names_too: bool) -> str | None:  # a trie path (ending at a name if names_too)
+            kids = [(k, prefix(node[k], names_too)) for k in node if k]
+            alts = [""] if names_too or not node.get("") else []
+            alts += [cs.json_class_text(cs.of_chars(k)) + p for k, p in kids if p is not None]
+            return "(?:" + "|".join(alts) + ")" if alts else None
+
+        ended = prefix(trie, False)
+        tail = f"(?:{leave(trie)}|{prefix(trie, True)}{escaped}){cs.json_class_text(cs.ANY)}*"
+        return json_string_terminal(f"(?:{tail}|{ended})" if ended is not None else tail)
+
+    def _key_not_in_per_node(self, names: list[str]) -> str:
+        """The same language, "anything" written at every trie node (names with escaped characters)."""
         trie: dict = {}
         for name in names:
             node = trie

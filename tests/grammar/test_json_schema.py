@@ -347,3 +347,26 @@ def test_union_branch_with_conflicting_constants_is_dropped():
     assert _parses(parser, '"a"') and not _parses(parser, '"b"')
     with pytest.raises(SchemaError, match="different constants"):
         json_schema_to_lark({"allOf": [{"const": 1}, {"const": 2}]})
+
+
+@pytest.mark.parametrize("names", [["a", "ab", "b"], [], [""], ["x", "xy", "xyz", "é", "日本"], ["a\"b", "c"]])
+def test_other_key_terminal_equals_the_per_node_form(names):
+    """The shared-tail "any other key" regex has the language of the per-node one, and no listed name."""
+    import itertools
+    import re as regex
+
+    from specjax.grammar._json_schema_types import TypeEmitter
+
+    class Owner:
+        options, ws = JsonSchemaOptions(), ""
+
+    emitter = TypeEmitter(Owner())
+    fast, slow = (regex.compile(t[1:-1].replace("\\x22", '"'))
+                  for t in (emitter._key_not_in(names), emitter._key_not_in_per_node(names)))
+    alphabet = ["a", "b", "x", "y", "z", "é", "日", "本", '\\"', "\\n", "\\u0001", "\\\\"]
+    keys = ['"' + "".join(p) + '"' for n in range(4) for p in itertools.product(alphabet, repeat=n)]
+    keys += [json.dumps(n, ensure_ascii=False) for n in names]
+    assert [k for k in keys if bool(fast.fullmatch(k)) != bool(slow.fullmatch(k))] == []
+    assert not any(fast.fullmatch(json.dumps(n, ensure_ascii=False)) for n in names)
+    long_names = ["abcdefgh", "abcdxyz"]
+    assert len(emitter._key_not_in(long_names)) < len(emitter._key_not_in_per_node(long_names)) / 2

@@ -8,8 +8,8 @@ lark itself (--parse, slower). Target: 100% of samples valid.
 
 With --compile, every schema is also compiled to device tables against the Gemma 3 vocabulary (disk cache
 off) and timed end to end (front-end, automaton, mask tables), beside llguidance's compile of the same schema
-(--peers llguidance): compiled %, compile p50 / p95 / max and refusals by keyword per engine. A schema still
-compiling after --limit-s seconds (wall, SIGALRM) counts as a timeout.
+(--peers llguidance): compiled %, compile p50 / p95 / max (CPU seconds) and refusals by keyword per engine.
+A schema still compiling after --limit-s CPU seconds counts as a timeout.
 
   python benchmarks/jsonschemabench_coverage.py --samples 5 [--parse] [--json out.json]
   python benchmarks/jsonschemabench_coverage.py --compile --files Github_hard_dev ... --limit 40 --peers llguidance
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write per-schema results here")
     ap.add_argument("--compile", action="store_true", help="compile to device tables and time it (Gemma 3 vocab)")
     ap.add_argument("--peers", default="none", help="with --compile: 'llguidance' or 'none'")
-    ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: wall-clock limit per schema")
+    ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: CPU-time limit per schema")
     args = ap.parse_args()
     if args.compile:
         from jsonschemabench_compile import run_compile

@@ -23,16 +23,16 @@ SUPPORTED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
-    "uniqueItems",
+    "uniqueItems", "minProperties", "maxProperties",
 })
 # Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
 REFUSED = frozenset({
     "patternProperties", "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "else", "not", "contains", "minContains", "maxContains",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
     "divisibleBy",
 })
-OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties"})
+OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"})
 ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})
 STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
@@ -142,8 +142,8 @@ def _bound_ok(kw: str, value, node: dict) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ allOf
-_TAKE_MAX = frozenset({"minimum", "minLength", "minItems"})
-_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems"})
+_TAKE_MAX = frozenset({"minimum", "minLength", "minItems", "minProperties"})
+_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems", "maxProperties"})
 
 
 def merge(a: dict, b: dict, path: str) -> dict:

@@ -126,7 +126,9 @@ class TypeEmitter:
                 tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
             except EmptySchemaError:
                 tail = None
-        body = self._members(pairs, tail, path)
+        count = self._property_counts(node, path)
+        body = self._members(pairs, tail, path) if count == (0, None) else self._counted_members(pairs, tail, path,
+                                                                                                  *count)
         w = self.c.ws
         return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
 
@@ -151,6 +153,68 @@ class TypeEmitter:
             first = written
             first = self._fresh(path, "members", first)
         return first
+
+    @staticmethod
+    def _property_counts(node: dict, path: str) -> tuple[int, int | None]:
+        lo, hi = node.get("minProperties", 0), node.get("maxProperties")
+        for kw, v in (("minProperties", lo), ("maxProperties", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
+            if v is not None and v > 64:
+                raise SchemaError(kw, path, f"{v} properties: the member count is automaton state, compiled up to 64")
+        if hi is not None and lo > hi:
+            raise EmptySchemaError("minProperties", path, "minProperties > maxProperties (empty language)")
+        return lo, hi
+
+    def _counted_members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str, lo: int,
+                         hi: int | None) -> str | None:
+        """Members as in :meth:`_members`, counting those written (up to ``max(lo, hi)``): min/maxProperties."""
+        comma, n, cap = self.comma, len(pairs), lo if hi is None else hi
+        memo: dict[tuple[int, int, bool], str | None] = {}
+
+        def extras(c: int, written: bool) -> str | None:  # extra members once c members are written
+            a, b = max(lo - c, 0), (None if hi is None else hi - c)
+            if b is not None and b < a:
+                return None
+            if tail is not None and a >= 2:  # nothing keeps two extra keys distinct, and a duplicate counts once
+                raise SchemaError("minProperties", path, f"reaching {lo} members may need {a} extra keys, and the "
+                                                         "grammar cannot keep extra keys distinct")
+            if tail is None:
+                return "" if a == 0 else None
+            item = f"{comma} {tail}"
+            if written or a == 0 and b == 0:
+                return self._repeat_group(item, a, b, path) if b is None or b >= a else None
+            body = f"{tail} {self._repeat_group(item, max(a - 1, 0), None if b is None else b - 1, path)}".strip()
+            return body if a else f"({body})?"
+
+        def rest(k: int, c: int, written: bool) -> str | None:  # members k.. with c written so far
+            key = (k, min(c, cap), written)
+            if key not in memo:
+                if k == n:
+                    memo[key] = extras(min(c, cap), written)
+                else:
+                    pair, req = pairs[k]
+                    sep = f"{comma} " if written else ""
+                    alts = []
+                    if hi is None or c < hi:
+                        after = rest(k + 1, c + 1, True)
+                        if after is not None:
+                            alts.append(f"{sep}{pair} {after}".strip())
+                    if not req:
+                        skip = rest(k + 1, c, written)
+                        if skip is not None:
+                            alts.append(skip or "")
+                    body = " | ".join(f"({a})" if a else "" for a in alts if a) if alts else None
+                    if body is not None and "" in alts:
+                        body = f"({body})?" if body else ""
+                    memo[key] = None if body is None else self._fresh(path, "members", body) if body else ""
+            return memo[key]
+
+        body = rest(0, 0, False)
+        if body is None:
+            raise EmptySchemaError("minProperties", path, "no object with these properties has that many "
+                                                          "members (empty language)")
+        return body
 
     def _fresh(self, path: str, kind: str, body: str) -> str:
         return self.c.rule_text(f"{path}/{kind}", body) if body else ""

@@ -36,7 +36,6 @@ _REFUSAL_WHY = {
     "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
     "else": "conditional schemas are not compiled",
     "contains": "counting matching items is not compiled",
-    "minProperties": "counting properties is not compiled", "maxProperties": "counting properties is not compiled",
     "uniqueItems": "item uniqueness is not context-free",
 }
 

@@ -240,7 +240,7 @@ def test_draft_detection_matches_jsonschema():
     ({"properties": {"a": False}, "required": ["a"]}, "required", "#", "its schema is false"),
     (False, "false", "#", "matches nothing"),
     ({"type": "string", "enum": [1, 2]}, "enum", "#", "no listed value"),
-    ({"type": "object", "minProperties": 1}, "minProperties", "#", "counting properties"),
+    ({"type": "object", "minProperties": 3}, "minProperties", "#", "cannot keep extra keys distinct"),
     ({"dependencies": {"a": ["b"]}}, "dependencies", "#", "not supported"),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "exclusiveMinimum": True}, "exclusiveMinimum", "#",
      "boolean is draft 4 syntax"),
@@ -370,3 +370,40 @@ def test_other_key_terminal_equals_the_per_node_form(names):
     assert not any(fast.fullmatch(json.dumps(n, ensure_ascii=False)) for n in names)
     long_names = ["abcdefgh", "abcdxyz"]
     assert len(emitter._key_not_in(long_names)) < len(emitter._key_not_in_per_node(long_names)) / 2
+
+
+PROPERTY_COUNTS = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 1},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},
+     "required": ["c"], "maxProperties": 2, "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "x": {"type": "boolean"}},
+     "minProperties": 2, "maxProperties": 2, "additionalProperties": False},
+    {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": {"type": "boolean"}},
+]
+
+
+@pytest.mark.parametrize("schema", PROPERTY_COUNTS)
+def test_min_and_max_properties_are_exact(schema):
+    import itertools
+
+    text = json_schema_to_lark(schema)
+    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(3)
+    for _ in range(60):
+        check.validate(json.loads(sampler.sample(rng)))  # sound
+    values = {"a": "1", "b": "2", "c": "1", "x": "true"}
+    for n in range(5):  # complete: every valid object of these keys in canonical order parses, no other does
+        for keys in itertools.combinations(["a", "b", "c", "x"], n):
+            doc = "{" + ",".join(f'"{k}":{values[k]}' for k in keys) + "}"
+            assert _parses(parser, doc) == check.is_valid(json.loads(doc)), (schema, doc)
+
+
+def test_impossible_property_counts_are_empty():
+    from specjax.grammar.json_schema import EmptySchemaError
+
+    with pytest.raises(EmptySchemaError, match="minProperties"):
+        json_schema_to_lark({"type": "object", "properties": {"a": {}}, "additionalProperties": False,
+                             "minProperties": 2})
+    with pytest.raises(SchemaError, match="maxProperties"):
+        json_schema_to_lark({"type": "object", "maxProperties": 1000})
+    with pytest.raises(SchemaError, match="cannot keep extra keys distinct"):  # {"k":1,"k":2} is one member
+        json_schema_to_lark({"type": "object", "properties": {"a": {}}, "minProperties": 3})

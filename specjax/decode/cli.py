@@ -77,7 +77,8 @@ class DecodeOptions:
     grammar_max_depth: int = 3
     json_whitespace: str = "compact"
     json_max_whitespace: int = 8
-    json_strict_objects: bool = False
+    json_strict_objects: bool = True
+    json_max_repeat: int | None = 16
     json_unknown_formats: str = "refuse"
     grammar_max_states: int = 200_000
     grammar_timeout: float | None = 10.0
@@ -121,6 +122,7 @@ def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
     options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
                "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace,
                "strict_objects": opts.json_strict_objects, "unknown_formats": opts.json_unknown_formats,
+               "max_repeat": opts.json_max_repeat,
                "max_states": opts.grammar_max_states, "timeout": opts.grammar_timeout,
                "max_ignore": opts.grammar_max_ignore}
     if key == "regex":

@@ -45,6 +45,11 @@ class GrammarSpec:
       whitespace: JSON Schema only: "compact" (no whitespace between tokens) or "flexible".
       max_whitespace: JSON Schema, flexible whitespace: at most this many characters per gap.
       strict_objects: JSON Schema only: never generate properties the schema does not list (narrower, sound).
+        On by default for generation (as XGrammar): a model asked for a schema's object has no use for extra
+        keys, greedy small models loop on them until the length limit, and the "any other key" automaton is
+        most of the compile time. False gives the schema's exact language.
+      max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
+        per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
       unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
       max_states: refuse grammars whose automaton passes this many states (`GrammarOptions.max_states`).
       timeout: compile time limit in seconds of CPU time (`GrammarOptions.timeout`); None: no limit.
@@ -58,7 +63,8 @@ class GrammarSpec:
     start: str = "start"
     whitespace: str = "compact"
     max_whitespace: int = 8
-    strict_objects: bool = False
+    strict_objects: bool = True
+    max_repeat: int | None = 16
     unknown_formats: str = "refuse"
     max_states: int = 200_000
     timeout: float | None = 10.0
@@ -75,6 +81,8 @@ class GrammarSpec:
             raise GrammarSpecError(f"max_whitespace must be a positive integer, got {self.max_whitespace!r}")
         if self.unknown_formats not in ("refuse", "ignore"):
             raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
+        if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
+            raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
         if not isinstance(self.strict_objects, bool):
             raise GrammarSpecError(f"strict_objects must be true or false, got {self.strict_objects!r}")
         try:
@@ -111,7 +119,7 @@ class GrammarSpec:
                                        f"got {type(schema).__name__}")
             return json_schema_to_lark(schema, JsonSchemaOptions(
                 whitespace=self.whitespace, max_whitespace=self.max_whitespace, strict_objects=self.strict_objects,
-                unknown_formats=self.unknown_formats))
+                unknown_formats=self.unknown_formats, max_repeat=self.max_repeat))
         except (SchemaError, RegexError) as e:
             raise GrammarSpecError(f"{self.where}: {_one_line(e)}") from None
 

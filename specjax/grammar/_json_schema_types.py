@@ -139,12 +139,15 @@ class TypeEmitter:
         """Members in schema order; optional ones may be skipped; commas only between present ones."""
         comma, n = self.comma, len(pairs)
         after = [""] * (n + 1)  # after[k]: members k.. once something was written (each preceded by a comma)
-        after[n] = f"({comma} {tail})*" if tail else ""
+        bound = self.c.options.max_repeat
+        after[n] = (f"({comma} {tail})*" if bound is None else self._repeat_group(f"{comma} {tail}", 0, bound, path)) \
+            if tail else ""
         for k in range(n - 1, -1, -1):
             pair, req = pairs[k]
             head = f"{comma} {pair}" if req else f"({comma} {pair})?"
             after[k] = self._fresh(path, "more", f"{head} {after[k + 1]}".strip())
-        first = f"({tail} ({comma} {tail})*)?" if tail else ""
+        first = "" if not tail else f"({tail} ({comma} {tail})*)?" if bound is None else \
+            f"({tail} {self._repeat_group(f'{comma} {tail}', 0, bound - 1, path)})?"
         for k in range(n - 1, -1, -1):
             pair, req = pairs[k]
             written = f"{pair} {after[k + 1]}".strip()
@@ -174,6 +177,8 @@ class TypeEmitter:
 
         def extras(c: int, written: bool) -> str | None:  # extra members once c members are written
             a, b = max(lo - c, 0), (None if hi is None else hi - c)
+            if self.c.options.max_repeat is not None:
+                b = max(a, self.c.options.max_repeat if b is None else min(b, self.c.options.max_repeat))
             if b is not None and b < a:
                 return None
             if tail is not None and a >= 2:  # nothing keeps two extra keys distinct, and a duplicate counts once
@@ -289,6 +294,10 @@ class TypeEmitter:
                 break
         if rest is False:
             hi = len(prefix) if hi is None else min(hi, len(prefix))
+        if hi is None and self.c.options.max_repeat is not None and not self.c.has_refs:
+            # free repetition bounded by option; not where $ref may recurse: a counter per nesting level would
+            # multiply the automaton (a 3-level tree: 61 states unbounded, 5,444 with 16 items)
+            hi = max(lo, len(prefix) + self.c.options.max_repeat)
         if hi is not None and lo > hi:
             return None
         elems, more = [], None

@@ -241,8 +241,15 @@ OPEN_OBJECT = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
 
 
 def test_json_options_reach_the_front_end():
-    assert "extra" in GrammarSpec("json_schema", OPEN_OBJECT).lark_text()
-    assert "extra" not in GrammarSpec("json_schema", OPEN_OBJECT, strict_objects=True).lark_text()
+    assert "extra" not in GrammarSpec("json_schema", OPEN_OBJECT).lark_text()  # strict by default
+    assert "extra" in GrammarSpec("json_schema", OPEN_OBJECT, strict_objects=False).lark_text()
+    array = '{"type": "array", "items": {"type": "integer"}}'
+    bounded = lark.Lark(GrammarSpec("json_schema", array).lark_text(), parser="earley")
+    exact = lark.Lark(GrammarSpec("json_schema", array, max_repeat=None).lark_text(), parser="earley")
+    bounded.parse("[" + ",".join(["1"] * 16) + "]")
+    with pytest.raises(lark.exceptions.LarkError):
+        bounded.parse("[" + ",".join(["1"] * 17) + "]")
+    exact.parse("[" + ",".join(["1"] * 40) + "]")
     fmt = '{"type": "string", "format": "x-custom"}'
     with pytest.raises(GrammarSpecError, match="json_unknown_formats=ignore"):
         GrammarSpec("json_schema", fmt).lark_text()
@@ -262,6 +269,7 @@ def test_compiler_options_reach_the_compiler():
     ({"max_states": 1}, "max_states must be at least 2"),
     ({"unknown_formats": "warn"}, "unknown_formats must be 'refuse' or 'ignore'"),
     ({"strict_objects": "yes"}, "strict_objects must be true or false"),
+    ({"max_repeat": 0}, "max_repeat must be a positive integer"),
 ])
 def test_bad_options_give_one_line(options, message):
     with pytest.raises(GrammarSpecError, match=message):
@@ -273,7 +281,8 @@ def test_cli_options_make_the_spec(tmp_path):
 
     path = tmp_path / "s.json"
     path.write_text(OPEN_OBJECT)
-    spec = grammar_spec(DecodeOptions(json_schema=str(path), json_strict_objects=True, json_unknown_formats="ignore",
-                                      grammar_max_states=999, grammar_timeout=2.5, grammar_max_ignore=4))
-    assert (spec.strict_objects, spec.unknown_formats, spec.max_states, spec.timeout, spec.max_ignore) == \
-        (True, "ignore", 999, 2.5, 4)
+    spec = grammar_spec(DecodeOptions(json_schema=str(path), json_strict_objects=False, json_unknown_formats="ignore",
+                                      grammar_max_states=999, grammar_timeout=2.5, grammar_max_ignore=4,
+                                      json_max_repeat=None))
+    assert (spec.strict_objects, spec.unknown_formats, spec.max_states, spec.timeout, spec.max_ignore,
+            spec.max_repeat) == (False, "ignore", 999, 2.5, 4, None)

@@ -407,3 +407,20 @@ def test_impossible_property_counts_are_empty():
         json_schema_to_lark({"type": "object", "maxProperties": 1000})
     with pytest.raises(SchemaError, match="cannot keep extra keys distinct"):  # {"k":1,"k":2} is one member
         json_schema_to_lark({"type": "object", "properties": {"a": {}}, "minProperties": 3})
+
+
+def test_max_repeat_bounds_free_arrays_and_extra_properties():
+    schema = {"type": "object", "properties": {"t": {"type": "array", "items": {"type": "integer"}, "minItems": 1}},
+              "additionalProperties": {"type": "integer"}}
+    text = json_schema_to_lark(schema, JsonSchemaOptions(max_repeat=3))
+    parser, check = _parser(text), _validator(schema)
+    for doc, ok in [('{"t":[1,2,3]}', True), ('{"t":[1,2,3,4]}', False), ('{"t":[1],"a":1,"b":2,"c":3}', True),
+                    ('{"t":[1],"a":1,"b":2,"c":3,"d":4}', False), ('{"a":1}', True)]:
+        assert _parses(parser, doc) == ok and check.is_valid(json.loads(doc)), doc
+    sampler, rng = LarkSampler(text), random.Random(0)
+    for _ in range(40):
+        check.validate(json.loads(sampler.sample(rng)))
+    many = {"type": "array", "items": {"type": "integer"}, "minItems": 5}  # minItems above the bound wins
+    assert _parses(_parser(json_schema_to_lark(many, JsonSchemaOptions(max_repeat=3))), "[1,2,3,4,5]")
+    tree = {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"}
+    assert "~" not in json_schema_to_lark(tree, JsonSchemaOptions(max_repeat=3))  # may recurse: unbounded

@@ -166,6 +166,7 @@ def _recursive_rules(cfg: Cfg) -> list[bool]:
 def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     alive = accept.copy()
     while True:
+        _deadline.check()
         step = alive | ((trans >= 0) & alive[np.maximum(trans, 0)]).any(axis=1)
         if (step == alive).all():
             return alive

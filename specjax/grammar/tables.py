@@ -121,6 +121,7 @@ def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np
     part = (np.arange(len(accept)) != DEAD).astype(np.int64)
     count = 2
     for _ in range(depth):
+        _deadline.check()
         part = row_ids(np.concatenate([part[:, None], part[trans_sc]], axis=1))
         new = int(part.max()) + 1
         if new == count:

@@ -35,6 +35,17 @@ def _pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
+def _trie(names: list[str]) -> dict:
+    """The names as a character trie: nested dicts, "" marks the end of a name."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = True
+    return trie
+
+
 def _check_count(kw: str, path: str, count: int, what: str, at_least: bool = True) -> None:
     """Refuses a length bound that would unroll into more automaton states than the regex limit allows."""
     if count > MAX_POSITIONS:
@@ -234,12 +245,7 @@ class TypeEmitter:
         """
         if any(cs.intersect(cs.of_chars(n), cs.difference(cs.ANY, cs.JSON_RAW)) for n in names):
             return self._key_not_in_per_node(names)  # a name with an escaped character: the general form
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[""] = True
+        trie = _trie(names)
         escaped = cs.json_class_text(cs.difference(cs.ANY, cs.JSON_RAW))
 
         def leave(node: dict) -> str:  # a trie path, then a raw character off the trie
@@ -260,12 +266,7 @@ class TypeEmitter:
 
     def _key_not_in_per_node(self, names: list[str]) -> str:
         """The same language, "anything" written at every trie node (names with escaped characters)."""
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[""] = True
+        trie = _trie(names)
         any_char = cs.json_class_text(cs.ANY)
 
         def walk(node: dict) -> str:

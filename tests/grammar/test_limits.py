@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from test_automaton_scaling import ARITH_BOUNDED
 
 from specjax.grammar import GrammarError, GrammarOptions, compile_grammar
 from specjax.grammar.json_schema import SchemaError, json_schema_to_lark
@@ -102,13 +103,7 @@ def test_large_max_length_under_a_pattern_that_bounds_it_still_compiles():
 
 
 # Bounded repetition in every nesting level: ~113,000 states at max_depth=3 (~30 s of CPU).
-ARITH = r"""
-start: expr
-expr: term (("+" | "-") term)~0..3
-term: factor (("*" | "/") factor)~0..2
-factor: NUMBER | "(" expr ")"
-NUMBER: /[0-9]{1,4}/
-"""
+ARITH = ARITH_BOUNDED
 
 
 def test_time_limit_stops_a_long_compile_with_one_message():

@@ -121,10 +121,11 @@ class TypeEmitter:
                     raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
                                                         "additionalProperties is false (empty language)")
                 members.append((name, extra, f"{path}/additionalProperties", True))
-        pairs = []
+        pairs, names = [], []
         for n, s, p, req in members:
             try:
                 pairs.append((self._pair(logic.canonical(n), s, p), req))
+                names.append(n)
             except EmptySchemaError:
                 if req:
                     raise
@@ -138,8 +139,9 @@ class TypeEmitter:
             except EmptySchemaError:
                 tail = None
         count = self._property_counts(node, path)
-        body = self._members(pairs, tail, path) if count == (0, None) else self._counted_members(pairs, tail, path,
-                                                                                                  *count)
+        deps = self._dependencies(node, path, names, tail is not None)
+        body = self._members(pairs, tail, path) if count == (0, None) and not deps else \
+            self._counted_members(pairs, tail, path, *count, names=names, deps=deps)
         w = self.c.ws
         return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
 
@@ -180,11 +182,36 @@ class TypeEmitter:
             raise EmptySchemaError("minProperties", path, "minProperties > maxProperties (empty language)")
         return lo, hi
 
+    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool) -> dict[str, set[str]]:
+        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}."""
+        out: dict[str, set[str]] = {}
+        kw = "dependencies" if self.c.draft <= 7 else "dependentRequired"  # the other is no keyword of the draft
+        for _ in (0,):
+            for a, need in (node.get(kw) or {}).items():
+                if not isinstance(need, list):
+                    raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
+                                                                        "(only the array form: required names)")
+                if a not in names:
+                    if extras and set(need) - set(node.get("required", [])):
+                        raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
+                                                    "not compiled (pass strict_objects)")
+                    continue  # a key that never appears triggers nothing
+                for b in need:
+                    if b not in names and b != a:
+                        raise SchemaError(kw, path, f"key {a!r} requires {b!r}, which is not a property of the schema")
+                out.setdefault(a, set()).update(b for b in need if b != a)
+        return {a: need for a, need in out.items() if need}
+
     def _counted_members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str, lo: int,
-                         hi: int | None) -> str | None:
-        """Members as in :meth:`_members`, counting those written (up to ``max(lo, hi)``): min/maxProperties."""
+                         hi: int | None, names: list[str] | None = None,
+                         deps: dict[str, set[str]] | None = None) -> str | None:
+        """Members as in :meth:`_members`, counting those written (up to ``max(lo, hi)``): min/maxProperties;
+        and with ``deps``, a member is written only with the members it requires (dependentRequired)."""
         comma, n, cap = self.comma, len(pairs), lo if hi is None else hi
-        memo: dict[tuple[int, int, bool], str | None] = {}
+        names, deps = names or [""] * len(pairs), deps or {}
+        index = {name: i for i, name in enumerate(names)}
+        targets = set().union(*deps.values()) if deps else set()
+        memo: dict[tuple, str | None] = {}
 
         def extras(c: int, written: bool) -> str | None:  # extra members once c members are written
             a, b = max(lo - c, 0), (None if hi is None else hi - c)
@@ -203,21 +230,24 @@ class TypeEmitter:
             body = f"{tail} {self._repeat_group(item, max(a - 1, 0), None if b is None else b - 1, path)}".strip()
             return body if a else f"({body})?"
 
-        def rest(k: int, c: int, written: bool) -> str | None:  # members k.. with c written so far
-            key = (k, min(c, cap), written)
+        def rest(k: int, c: int, written: bool, must: frozenset = frozenset(), have: frozenset = frozenset()):
+            """Members k.. with c written so far, ``must`` still to come, ``have`` the targets written."""
+            key = (k, min(c, cap), written, must, have)
             if key not in memo:
                 if k == n:
-                    memo[key] = extras(min(c, cap), written)
+                    memo[key] = extras(min(c, cap), written) if not must else None
                 else:
-                    pair, req = pairs[k]
+                    (pair, req), name = pairs[k], names[k]
+                    need = deps.get(name, set())
                     sep = f"{comma} " if written else ""
                     alts = []
-                    if hi is None or c < hi:
-                        after = rest(k + 1, c + 1, True)
+                    if (hi is None or c < hi) and all(b in have or index[b] > k for b in need):
+                        gain = have | ({name} & targets)
+                        after = rest(k + 1, c + 1, True, (must - {name}) | {b for b in need if index[b] > k}, gain)
                         if after is not None:
                             alts.append(f"{sep}{pair} {after}".strip())
-                    if not req:
-                        skip = rest(k + 1, c, written)
+                    if not req and name not in must:
+                        skip = rest(k + 1, c, written, must, have)
                         if skip is not None:
                             alts.append(skip or "")
                     body = " | ".join(f"({a})" if a else "" for a in alts if a) if alts else None

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, draft_of, json_schema_to_lark
 from specjax.grammar.sample import LarkSampler
 
+D7 = "http://json-schema.org/draft-07/schema#"
 # ../shared/data/jsonschemabench next to the checkout (a git worktree may sit one level deeper).
 BENCH = next((p / "shared" / "data" / "jsonschemabench" for p in Path(__file__).resolve().parents
               if (p / "shared" / "data" / "jsonschemabench").is_dir()), Path("/nonexistent"))
@@ -241,7 +242,9 @@ def test_draft_detection_matches_jsonschema():
     (False, "false", "#", "matches nothing"),
     ({"type": "string", "enum": [1, 2]}, "enum", "#", "no listed value"),
     ({"type": "object", "minProperties": 3}, "minProperties", "#", "cannot keep extra keys distinct"),
-    ({"dependencies": {"a": ["b"]}}, "dependencies", "#", "not supported"),
+    ({"$schema": D7, "dependencies": {"a": ["b"]}}, "dependencies", "#", "only an extra key can be"),
+    ({"$schema": D7, "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "dependencies",
+     "#/dependencies/a", "schema-valued dependency"),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "exclusiveMinimum": True}, "exclusiveMinimum", "#",
      "boolean is draft 4 syntax"),
     ({"type": "bool"}, "type", "#", "unknown type 'bool'"),
@@ -373,6 +376,11 @@ def test_other_key_terminal_equals_the_per_node_form(names):
 
 
 PROPERTY_COUNTS = [
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},
+     "dependencies": {"a": ["c"], "c": ["b"]}},
+    {"type": "object", "minProperties": 1, "dependentRequired": {"b": ["a"], "c": ["b"]},
+     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 1},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},
      "required": ["c"], "maxProperties": 2, "additionalProperties": False},
@@ -383,7 +391,7 @@ PROPERTY_COUNTS = [
 
 
 @pytest.mark.parametrize("schema", PROPERTY_COUNTS)
-def test_min_and_max_properties_are_exact(schema):
+def test_min_and_max_properties_and_dependencies_are_exact(schema):
     import itertools
 
     text = json_schema_to_lark(schema)

@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write per-schema results here")
     ap.add_argument("--compile", action="store_true", help="compile to device tables and time it (Gemma 3 vocab)")
     ap.add_argument("--peers", default="none", help="with --compile: 'llguidance' or 'none'")
+    ap.add_argument("--decode-defaults", action="store_true",
+                    help="with --compile: GrammarSpec defaults (strict objects, max_repeat=16), not the exact language")
     ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: CPU-time limit per schema")
     args = ap.parse_args()
     if args.compile:

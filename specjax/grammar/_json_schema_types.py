@@ -121,6 +121,8 @@ class TypeEmitter:
                     raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
                                                         "additionalProperties is false (empty language)")
                 members.append((name, extra, f"{path}/additionalProperties", True))
+        if "propertyNames" in node:
+            members = self._named_members(node, path, members, extra)
         pairs, names = [], []
         for n, s, p, req in members:
             try:
@@ -169,6 +171,25 @@ class TypeEmitter:
             first = written
             first = self._fresh(path, "members", first)
         return first
+
+    def _named_members(self, node: dict, path: str, members: list, extra) -> list:
+        """propertyNames: a listed name it refuses can only be absent; extra keys would need the intersection
+        of two regular languages in the key terminal, so they must be off (strict_objects or
+        additionalProperties false)."""
+        names = node["propertyNames"]
+        if extra is not False and not self.c.options.strict_objects and names is not True:
+            raise SchemaError("propertyNames", path, "key constraints on extra keys are not compiled (pass "
+                              "strict_objects, or set additionalProperties false)")
+        kept = []
+        for member in members:
+            ok = names is True or names is not False and isinstance(names, dict) and \
+                logic.value_ok(member[0], {"type": "string", **names}, f"{path}/propertyNames")
+            if ok:
+                kept.append(member)
+            elif member[3]:
+                raise EmptySchemaError("propertyNames", path, f"required property {member[0]!r} is not a valid "
+                                                              "property name (empty language)")
+        return kept
 
     @staticmethod
     def _property_counts(node: dict, path: str) -> tuple[int, int | None]:

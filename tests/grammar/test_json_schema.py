@@ -432,3 +432,16 @@ def test_max_repeat_bounds_free_arrays_and_extra_properties():
     assert _parses(_parser(json_schema_to_lark(many, JsonSchemaOptions(max_repeat=3))), "[1,2,3,4,5]")
     tree = {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"}
     assert "~" not in json_schema_to_lark(tree, JsonSchemaOptions(max_repeat=3))  # may recurse: unbounded
+
+
+def test_property_names_filter_listed_properties():
+    schema = {"type": "object", "additionalProperties": False, "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 2},
+              "properties": {"ab": {"type": "integer"}, "Xy": {"type": "integer"}, "abc": {"type": "integer"}}}
+    parser, check = _parser(json_schema_to_lark(schema)), _validator(schema)
+    for doc in ['{}', '{"ab":1}', '{"Xy":1}', '{"abc":1}', '{"ab":1,"Xy":2}']:
+        assert _parses(parser, doc) == check.is_valid(json.loads(doc)), doc
+    with pytest.raises(SchemaError, match="pass strict_objects"):
+        json_schema_to_lark({**schema, "additionalProperties": True})
+    assert "ab" in json_schema_to_lark({**schema, "additionalProperties": True}, JsonSchemaOptions(strict_objects=True))
+    with pytest.raises(SchemaError, match="not a valid property name"):
+        json_schema_to_lark({**schema, "required": ["Xy"]})

@@ -82,7 +82,7 @@ class DecodeOptions:
     json_unknown_formats: str = "refuse"
     grammar_max_states: int = 200_000
     grammar_timeout: float | None = 10.0
-    grammar_max_ignore: int | None = 16
+    grammar_max_ignore: int | None = None
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:

@@ -68,7 +68,7 @@ class GrammarSpec:
     unknown_formats: str = "refuse"
     max_states: int = 200_000
     timeout: float | None = 10.0
-    max_ignore: int | None = 16
+    max_ignore: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -143,8 +143,8 @@ def test_ignored_text_is_bounded_per_lexeme_and_per_gap():
     assert accepts(unbounded, " " * 100 + "a #x #y\n,a")
 
 
-def test_default_bound_stops_a_whitespace_loop():
-    tables = compile_(IGNORED)  # max_ignore=16 by default
+def test_bound_stops_a_whitespace_loop():
+    tables = compile_(IGNORED, max_ignore=16)
     trans, state = np.asarray(tables.trans_sb), tables.initial_state
     for b in b"a,a":
         state = int(trans[state, b])

@@ -56,7 +56,7 @@ class ByteAutomaton:
 
 
 def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar",
-                    max_ignore: int | None = None) -> ByteAutomaton:
+                    max_ignore: int | None = None, leading_ignore: bool = True) -> ByteAutomaton:
     """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
     Args:
@@ -67,12 +67,15 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
       name: how error messages name the grammar.
       max_ignore: at most this many bytes per ``%ignore``'d lexeme, and at most ``IGNORE_RUN`` such lexemes
         between two terminals (and at either end); None: unbounded. A model cannot then loop on whitespace.
+      leading_ignore: whether ``%ignore``'d text may come before the first terminal (lark accepts it;
+        llguidance does not).
 
     Raises:
       GrammarError: the cap was reached (naming the grammar, the count, the recursive rules and the options to
         change), or an empty language under the bounds.
     """
-    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name, max_ignore).run()  # over byte classes
+    builder = _Builder(cfg, max_depth, max_states, name, max_ignore, leading_ignore)
+    trans, raw_accept, builder = builder.run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -176,8 +179,10 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 class _Builder:
     """Subset construction over lexer threads; see the module docstring."""
 
-    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str, max_ignore: int | None = None):
+    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str, max_ignore: int | None = None,
+                 leading_ignore: bool = True):
         self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
+        self.leading_ignore = leading_ignore
         self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
         # Ignored lexemes: with max_ignore, each is a length-bounded copy of its terminal (its own terminal id,
         # so the grammar's own uses of the terminal stay unbounded), and a boundary carries how many more
@@ -335,8 +340,8 @@ class _Builder:
             by_term.setdefault(term, set()).add(cont)
         out = [(t, self._close(c)) for t, c in by_term.items()]
         expects, accept, left = self._boundaries[boundary]
-        if left is None:
-            out += [(t, boundary) for t in self.ignore]  # an ignored lexeme returns to this very boundary
+        if left is None:  # an ignored lexeme returns to this very boundary
+            out += [(t, boundary) for t in self.ignore]
         elif left > 0:  # ... with one ignored lexeme fewer left
             out += [(t, self._intern(expects, accept, left - 1)) for t in self.ignore]
         # Ignore terminals that the grammar also expects here need both continuations.
@@ -350,6 +355,8 @@ class _Builder:
     # ---------------------------------------------------------------- subset construction
     def run(self) -> tuple[np.ndarray, np.ndarray, _Builder]:
         start = self._close([(-(self.cfg.start + 1),)])
+        if not self.leading_ignore:  # the same boundary with no ignored lexeme allowed (left = 0)
+            start = self._intern(*self._boundaries[start][:2], 0)
         init = (frozenset((t, 0, c) for t, c in self._fresh(start)), True)
         ids, order, rows, accepts = {init: 0}, [init], [], []
         while len(rows) < len(order):

@@ -54,6 +54,9 @@ class GrammarOptions:
         until the length limit, but the bound costs states: each position in a bounded run is state in every
         context where ignored text may appear (the SQL subset at max_depth 3: 5,192 states unbounded, 71,154
         with 16 bytes).
+      leading_ignore: allow ``%ignore``'d text before the first terminal, as lark does. Off by default, as in
+        llguidance: a model then cannot open its output with whitespace it loops on (the real-model SQL test
+        wrote 96 tokens of newlines and spaces before any keyword), and it costs no states.
       cache: read and write compiled tables under ``cache_root()/grammar``.
       eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
     """
@@ -63,6 +66,7 @@ class GrammarOptions:
     max_states: int = 200_000
     timeout: float | None = 10.0
     max_ignore: int | None = None
+    leading_ignore: bool = False
     cache: bool = True
     eos_ids: tuple[int, ...] | None = None
 
@@ -130,7 +134,7 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
         cfg = load_lark(lark_text, options.start)
         _deadline.phase("automaton")
         auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start),
-                               options.max_ignore)
+                               options.max_ignore, options.leading_ignore)
         _deadline.phase("mask table")
         rows, row_of_state = mask_rows(auto, vocab)
     host = {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,

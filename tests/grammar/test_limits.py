@@ -134,12 +134,12 @@ IGNORED = 'start: "a" ("," "a")*\n%ignore /[ \\n]+/\n%ignore /#[^\\n]*/\n'
 
 
 def test_ignored_text_is_bounded_per_lexeme_and_per_gap():
-    tables = compile_(IGNORED, max_ignore=4)
+    tables = compile_(IGNORED, max_ignore=4, leading_ignore=True)
     assert accepts(tables, "a , a") and accepts(tables, "a #xyz\n,a") and accepts(tables, " " * 12 + "a")
     assert not accepts(tables, " " * 13 + "a")  # three whitespace lexemes of at most 4 bytes
     assert not accepts(tables, "a #x #y\n,a")  # a 5-byte comment
     assert not accepts(tables, "a" + " " * 13)  # at the end too
-    unbounded = compile_(IGNORED, max_ignore=None)
+    unbounded = compile_(IGNORED, max_ignore=None, leading_ignore=True)
     assert accepts(unbounded, " " * 100 + "a #x #y\n,a")
 
 
@@ -158,3 +158,13 @@ def test_bound_stops_a_whitespace_loop():
 def test_max_ignore_must_be_positive(bad):
     with pytest.raises(GrammarError, match="max_ignore"):
         GrammarOptions(max_ignore=bad)
+
+
+def test_no_leading_ignored_text_by_default():
+    """llguidance's semantics: a model cannot open its output with whitespace it loops on (as the real-model
+    SQL test did for 96 tokens); between and after terminals it stays allowed."""
+    tables = compile_(IGNORED)
+    assert accepts(tables, "a , a") and not accepts(tables, " a") and accepts(tables, "a ")
+    assert allowed_ids(tables, tables.initial_state) == [ord("a") - 30]  # token id = byte - 32 + 2
+    lark_like = compile_(IGNORED, leading_ignore=True)
+    assert accepts(lark_like, " a ") and accepts(lark_like, "a , a")

@@ -6,7 +6,13 @@ converted schema, sample N strings from the grammar (`LarkSampler`) and validate
 `jsonschema` package (the schema's own draft, with FormatChecker); optionally also parse each with
 lark itself (--parse, slower). Target: 100% of samples valid.
 
+With --compile, every schema is also compiled to device tables against the Gemma 3 vocabulary (disk cache
+off) and timed end to end (front-end, automaton, mask tables), beside llguidance's compile of the same schema
+(--peers llguidance): compiled %, compile p50 / p95 / max (CPU seconds) and refusals by keyword per engine.
+A schema still compiling after --limit-s CPU seconds counts as a timeout.
+
   python benchmarks/jsonschemabench_coverage.py --samples 5 [--parse] [--json out.json]
+  python benchmarks/jsonschemabench_coverage.py --compile --files Github_hard_dev ... --limit 40 --peers llguidance
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ import lark
 from specjax.grammar.json_schema import SchemaError, json_schema_to_lark
 from specjax.grammar.sample import LarkSampler
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "jsonschemabench"
+# ../shared next to the checkout (a git worktree may sit one level deeper)
+SHARED = next((p / "shared" for p in Path(__file__).resolve().parents if (p / "shared" / "data").is_dir()),
+              Path(__file__).resolve().parents[2] / "shared")
+DATA = SHARED / "data" / "jsonschemabench"
+DEV_FILES = ("Github_hard_dev", "Github_medium_dev", "JsonSchemaStore_dev", "Kubernetes_dev", "WashingtonPost_dev")
 FILES = ("Github_trivial", "Github_easy", "Glaiveai2K", "Snowplow")
 
 
@@ -82,7 +92,16 @@ def main() -> None:
     ap.add_argument("--parse", action="store_true", help="also parse every sample with lark (slower)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write per-schema results here")
+    ap.add_argument("--compile", action="store_true", help="compile to device tables and time it (Gemma 3 vocab)")
+    ap.add_argument("--peers", default="none", help="with --compile: 'llguidance' or 'none'")
+    ap.add_argument("--decode-defaults", action="store_true",
+                    help="with --compile: GrammarSpec defaults (strict objects, max_repeat=16), not the exact language")
+    ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: CPU-time limit per schema")
     args = ap.parse_args()
+    if args.compile:
+        from jsonschemabench_compile import run_compile
+
+        return run_compile(args, [(name, load(name)[: args.limit]) for name in args.files])
     rng, t0, results = random.Random(args.seed), time.time(), {}
     for name in args.files:
         rows = load(name)[: args.limit]

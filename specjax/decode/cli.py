@@ -44,7 +44,11 @@ def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
     check_grammar_inputs(opts.grammar, opts.json_schema, opts.regex)
     (key, value), = given.items()
     options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
-               "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace}
+               "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace,
+               "strict_objects": opts.json_strict_objects, "unknown_formats": opts.json_unknown_formats,
+               "max_repeat": opts.json_max_repeat,
+               "max_states": opts.grammar_max_states, "timeout": opts.grammar_timeout,
+               "max_ignore": opts.grammar_max_ignore}
     if key == "regex":
         return GrammarSpec("regex", str(value), **options)
     return GrammarSpec.from_file("lark" if key == "grammar" else "json_schema", str(value), **options)

@@ -39,10 +39,21 @@ class GrammarSpec:
         syntax; the whole output must match).
       source: the grammar / schema / regex text.
       origin: where it came from, for messages (a file name or an option); defaults to the kind.
-      max_depth: nesting bound of recursive rules (`GrammarOptions.max_depth`): deeper nesting is masked.
+      max_depth: nesting bound of recursive rules (`GrammarOptions.max_depth`): deeper nesting is masked;
+        declared structure (a schema's nested properties) is never cut.
       start: start rule (Lark only).
       whitespace: JSON Schema only: "compact" (no whitespace between tokens) or "flexible".
       max_whitespace: JSON Schema, flexible whitespace: at most this many characters per gap.
+      strict_objects: JSON Schema only: never generate properties the schema does not list (narrower, sound).
+        On by default for generation (as XGrammar): a model asked for a schema's object has no use for extra
+        keys, greedy small models loop on them until the length limit, and the "any other key" automaton is
+        most of the compile time. False gives the schema's exact language.
+      max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
+        per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
+      unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
+      max_states: refuse grammars whose automaton passes this many states (`GrammarOptions.max_states`).
+      timeout: compile time limit in seconds of CPU time (`GrammarOptions.timeout`); None: no limit.
+      max_ignore: bytes per %ignore'd lexeme (`GrammarOptions.max_ignore`); None: unbounded.
     """
 
     kind: str
@@ -52,6 +63,12 @@ class GrammarSpec:
     start: str = "start"
     whitespace: str = "compact"
     max_whitespace: int = 8
+    strict_objects: bool = True
+    max_repeat: int | None = 16
+    unknown_formats: str = "refuse"
+    max_states: int = 200_000
+    timeout: float | None = 10.0
+    max_ignore: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -62,6 +79,16 @@ class GrammarSpec:
             raise GrammarSpecError(f"json whitespace must be 'compact' or 'flexible', got {self.whitespace!r}")
         if not isinstance(self.max_whitespace, int) or self.max_whitespace < 1:
             raise GrammarSpecError(f"max_whitespace must be a positive integer, got {self.max_whitespace!r}")
+        if self.unknown_formats not in ("refuse", "ignore"):
+            raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
+        if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
+            raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
+        if not isinstance(self.strict_objects, bool):
+            raise GrammarSpecError(f"strict_objects must be true or false, got {self.strict_objects!r}")
+        try:
+            self.options()
+        except GrammarError as e:  # max_states, timeout, max_ignore: checked where they are defined
+            raise GrammarSpecError(str(e)) from None
 
     @classmethod
     def from_file(cls, kind: str, path: str, **options) -> GrammarSpec:
@@ -90,13 +117,15 @@ class GrammarSpec:
             if not isinstance(schema, dict | bool):
                 raise GrammarSpecError(f"{self.where}: a JSON Schema must be an object or a boolean, "
                                        f"got {type(schema).__name__}")
-            return json_schema_to_lark(schema, JsonSchemaOptions(whitespace=self.whitespace,
-                                                                 max_whitespace=self.max_whitespace))
+            return json_schema_to_lark(schema, JsonSchemaOptions(
+                whitespace=self.whitespace, max_whitespace=self.max_whitespace, strict_objects=self.strict_objects,
+                unknown_formats=self.unknown_formats, max_repeat=self.max_repeat))
         except (SchemaError, RegexError) as e:
             raise GrammarSpecError(f"{self.where}: {_one_line(e)}") from None
 
     def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:
         return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,
+                              max_states=self.max_states, timeout=self.timeout, max_ignore=self.max_ignore,
                               eos_ids=eos_ids)
 
 

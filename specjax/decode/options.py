@@ -118,6 +118,12 @@ class DecodeOptions:
     grammar_max_depth: int = _GRAMMAR["max_depth"]
     json_whitespace: str = _GRAMMAR["whitespace"]
     json_max_whitespace: int = _GRAMMAR["max_whitespace"]
+    json_strict_objects: bool = _GRAMMAR["strict_objects"]
+    json_max_repeat: int | None = _GRAMMAR["max_repeat"]
+    json_unknown_formats: str = _GRAMMAR["unknown_formats"]
+    grammar_max_states: int = _GRAMMAR["max_states"]
+    grammar_timeout: float | None = _GRAMMAR["timeout"]
+    grammar_max_ignore: int | None = _GRAMMAR["max_ignore"]
 
     @classmethod
     def from_flat(cls, **flat: Any) -> DecodeOptions:

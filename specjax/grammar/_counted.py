@@ -10,12 +10,24 @@ is linear in the count.
 from __future__ import annotations
 
 import re
+from re import _constants as C  # noqa: N812
+from re import _parser as sre_parse
 
 import numpy as np
 
-__all__ = ["split_counted", "sequence_dfa"]
+from specjax.grammar import _deadline
+from specjax.grammar._dfa import byte_classes
+
+__all__ = ["MAX_POSITIONS", "MAX_POSITIONS_INTEREGULAR", "positions", "split_counted", "sequence_dfa"]
 
 MIN_COUNT = 24  # smaller counts: interegular's own construction is fast enough
+# A counted repetition needs one automaton state per copy (a DFA counts with states), so a regex is refused
+# when its repetitions unroll to more character positions than this: ``a{100000}`` would be a 100,000-state
+# chain (minutes to build and minimise), and no generation that long fits a decode budget anyway.
+MAX_POSITIONS = 10_000
+# interegular builds nested counts by repeated product constructions (``x(a{10}b){200}``: 2,200 positions,
+# 1.6 s) and cannot be interrupted by the compile time limit, so what reaches it is bounded tighter.
+MAX_POSITIONS_INTEREGULAR = 3_000
 _COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
 
 
@@ -65,6 +77,25 @@ def split_counted(regex: str) -> list[tuple[str, int, int]] | None:
     return pieces
 
 
+def positions(tree) -> int:
+    """Character positions of a parsed regex (``re._parser``) with every counted repetition unrolled.
+
+    An unbounded repetition counts its body ``max(lo, 1)`` times; alternatives add up. This is about the
+    size of the automaton the regex needs, and is computed without building anything.
+    """
+    total = 0
+    for op, av in tree:
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+            lo, hi, sub = av
+            total += positions(sub) * (max(lo, 1) if hi == C.MAXREPEAT else hi)
+        elif op is C.BRANCH:
+            total += sum(positions(alt) for alt in av[1])
+        else:  # groups, lookaround, conditionals: whatever sub-patterns they hold; a character is 1
+            subs = [x for x in (av if isinstance(av, tuple) else (av,)) if isinstance(x, sre_parse.SubPattern)]
+            total += sum(positions(x) for x in subs) if subs else 1
+    return total
+
+
 def _class_end(regex: str, i: int) -> int:
     """Index just after the character class that starts at ``regex[i] == "["``."""
     j = i + 1
@@ -83,8 +114,6 @@ def sequence_dfa(parts: list[tuple[np.ndarray, np.ndarray, int, int]]) -> tuple[
     Positions are ``(piece, copies done, state)``; ``state`` -1 marks the boundary before the next copy.
     Returns (trans [m, 256] with -1 for reject, accept [m]); state 0 is the start.
     """
-    from specjax.grammar.automaton import byte_classes
-
     byte_cls, _ = byte_classes(np.vstack([t for t, _, _, _ in parts]))  # bytes alike in every piece
     byte_first = np.unique(byte_cls, return_index=True)[1]
     trans = [t[:, byte_first].tolist() for t, _, _, _ in parts]
@@ -113,6 +142,8 @@ def sequence_dfa(parts: list[tuple[np.ndarray, np.ndarray, int, int]]) -> tuple[
     init = close([(0, 0, -1)])
     ids, order, rows = {init: 0}, [init], []
     while len(rows) < len(order):
+        if len(rows) % 64 == 0:
+            _deadline.check()
         cur = order[len(rows)]
         row = []
         for c in range(len(byte_first)):

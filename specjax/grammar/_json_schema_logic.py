@@ -6,7 +6,6 @@ Everything here either computes an exact result or raises `SchemaError`; nothing
 from __future__ import annotations
 
 import json
-import math
 import re
 
 from specjax.grammar._json_formats import FORMATS
@@ -24,16 +23,17 @@ SUPPORTED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
-    "uniqueItems",
+    "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "propertyNames",
 })
 # Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
 REFUSED = frozenset({
-    "patternProperties", "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "patternProperties", "dependentSchemas", "if", "then",
+    "else", "not", "contains", "minContains", "maxContains",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
     "divisibleBy",
 })
-OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties"})
+OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+                         "dependencies", "dependentRequired", "propertyNames"})
 ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})
 STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
@@ -143,15 +143,17 @@ def _bound_ok(kw: str, value, node: dict) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ allOf
-_TAKE_MAX = frozenset({"minimum", "minLength", "minItems"})
-_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems"})
+_TAKE_MAX = frozenset({"minimum", "minLength", "minItems", "minProperties"})
+_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems", "maxProperties"})
 
 
 def merge(a: dict, b: dict, path: str) -> dict:
     """The intersection of two schemas as one schema, for the keyword combinations where it is exact."""
     out = dict(a)
     for kw, vb in b.items():
-        if kw not in out or kw in ANNOTATIONS:
+        # Annotations and keywords no draft defines (vendor "x-..." ones) take no part in validation: a
+        # conflict between branches there is no conflict at all.
+        if kw not in out or kw in ANNOTATIONS or (kw not in SUPPORTED and kw not in REFUSED):
             out.setdefault(kw, vb)
             continue
         va = out[kw]
@@ -185,6 +187,11 @@ def _merge_keyword(kw: str, va, vb, a: dict, b: dict, path: str):
     if kw == "enum":
         keep = {canonical(_norm(v)) for v in vb}
         return [v for v in va if canonical(_norm(v)) in keep]
+    if kw == "const":  # _same() already said they differ (1 and 1.0 are one value)
+        if canonical(_norm(va)) == canonical(_norm(vb)):
+            return va
+        raise EmptySchemaError("allOf", path, f"branches require different constants ({canonical(va)[:40]} vs "
+                                              f"{canonical(vb)[:40]}): no value satisfies both (empty language)")
     numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (va, vb))
     if numeric and kw in _TAKE_MAX:
         return max(va, vb)
@@ -261,7 +268,3 @@ def _norm(value):
         return {k: _norm(v) for k, v in sorted(value.items())}
     return value
 
-
-def integer_bounds(lo, hi) -> tuple[int | None, int | None]:
-    """Inclusive integer bounds from real-valued inclusive bounds."""
-    return (None if lo is None else math.ceil(lo)), (None if hi is None else math.floor(hi))

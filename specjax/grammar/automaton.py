@@ -25,12 +25,15 @@ from collections import Counter
 
 import numpy as np
 
+from specjax.grammar import _deadline
+from specjax.grammar._dfa import byte_classes, minimize, row_ids
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import Cfg
 
 __all__ = ["ByteAutomaton", "build_automaton", "minimize", "byte_classes", "row_ids"]
 
 DEAD, INITIAL = 0, 1
+IGNORE_RUN = 3  # with max_ignore: at most this many %ignore'd lexemes in a row (whitespace, comment, whitespace)
 _HELPER = re.compile(r"(__rest|__f\d+)+$")  # rules the front-end added, named after their origin
 _FACTORED = re.compile(r"__f\d+$")  # the front-end's factored alternatives
 
@@ -52,55 +55,8 @@ class ByteAutomaton:
     raw_states: int
 
 
-def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
-    """Bytes that behave alike in every state share a class: returns (class per byte [256], n_classes)."""
-    _, first, cls = np.unique(trans_nb.T, axis=0, return_index=True, return_inverse=True)
-    # Number classes by first byte so the result does not depend on np.unique's row order.
-    rank = np.argsort(np.argsort(first))
-    return rank[cls.reshape(-1)].astype(np.int32), len(first)
-
-
-def row_ids(rows_nk: np.ndarray) -> np.ndarray:
-    """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
-
-    Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
-    sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
-    only then are whole rows sorted.
-    """
-    mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
-    hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
-    _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
-    ids = ids.reshape(-1)
-    if not (rows_nk == rows_nk[first[ids]]).all():
-        ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
-    return ids
-
-
-def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> tuple[np.ndarray, int]:
-    """Moore partition refinement: returns (block per state, n_blocks); ``trans`` uses -1 or ``dead`` for reject.
-
-    Rejecting transitions are mapped to an extra sink so that they compare equal. Only distinct columns are
-    compared (bytes that act alike everywhere, e.g. all letters of a class, are one column).
-    """
-    n = len(accept)
-    sink = n
-    t = np.where(trans < 0, sink, trans)
-    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
-    part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
-    if dead is not None:
-        part[dead] = 2  # the dead state is alone (and equal to the sink)
-        part[sink] = 2
-    count = len(np.unique(part))
-    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
-    while True:
-        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
-        new_count = int(part.max()) + 1
-        if new_count == count:
-            return part[:n], new_count
-        count = new_count
-
-
-def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar") -> ByteAutomaton:
+def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar",
+                    max_ignore: int | None = None, leading_ignore: bool = True) -> ByteAutomaton:
     """Builds the minimal byte DFA of ``cfg`` with nesting bounded by ``max_depth``.
 
     Args:
@@ -109,12 +65,17 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
       max_states: refuse once the subset construction reaches this many states, or its parser closures
         this many configurations times 8; checked as they grow, so memory stays bounded by the cap.
       name: how error messages name the grammar.
+      max_ignore: at most this many bytes per ``%ignore``'d lexeme, and at most ``IGNORE_RUN`` such lexemes
+        between two terminals (and at either end); None: unbounded. A model cannot then loop on whitespace.
+      leading_ignore: whether ``%ignore``'d text may come before the first terminal (lark accepts it;
+        llguidance does not).
 
     Raises:
       GrammarError: the cap was reached (naming the grammar, the count, the recursive rules and the options to
         change), or an empty language under the bounds.
     """
-    trans, raw_accept, builder = _Builder(cfg, max_depth, max_states, name).run()  # over byte classes
+    builder = _Builder(cfg, max_depth, max_states, name, max_ignore, leading_ignore)
+    trans, raw_accept, builder = builder.run()  # over byte classes
     alive = _coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
@@ -140,9 +101,75 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
     return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
 
 
+def _length_bounded(dfa, max_len: int):
+    """The DFA of the strings of ``dfa`` of at most ``max_len`` bytes: states (state, bytes read), trimmed."""
+    from specjax.grammar._dfa import minimal_dfa
+
+    n = len(dfa.accept)
+    trans = np.full(((max_len + 1) * n, 256), -1, np.int32)
+    for k in range(max_len):  # (q, k) -> (q', k + 1)
+        step = dfa.trans
+        trans[k * n:(k + 1) * n] = np.where(step >= 0, step + (k + 1) * n, -1)
+    accept = np.tile(dfa.accept, max_len + 1)
+    alive = _coreachable(trans, accept)  # a lexeme that can no longer end must not keep the lexer greedy
+    trans = np.where((trans >= 0) & alive[np.maximum(trans, 0)], trans, -1)
+    return minimal_dfa(trans, accept)
+
+
+def _recursive_rules(cfg: Cfg) -> list[bool]:
+    """Per nonterminal: whether it lies on a cycle of the grammar (it can derive a form holding itself).
+
+    Tarjan's strongly connected components, iterative (JSON Schema grammars have thousands of rules).
+    """
+    n = len(cfg.rule_names)
+    uses: list[list[int]] = [[] for _ in range(n)]
+    self_loop = [False] * n
+    for lhs, syms in cfg.alts:
+        for x in syms:
+            if x < 0:
+                uses[lhs].append(-x - 1)
+                self_loop[lhs] |= -x - 1 == lhs
+    index, low, on_stack, stack, out, counter = [-1] * n, [0] * n, [False] * n, [], list(self_loop), 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = counter
+                counter += 1
+                stack.append(v)
+                on_stack[v] = True
+            if i < len(uses[v]):
+                work.append((v, i + 1))
+                w = uses[v][i]
+                if index[w] < 0:
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    for w in component:
+                        out[w] = True
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+    return out
+
+
 def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     alive = accept.copy()
     while True:
+        _deadline.check()
         step = alive | ((trans >= 0) & alive[np.maximum(trans, 0)]).any(axis=1)
         if (step == alive).all():
             return alive
@@ -152,19 +179,39 @@ def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
 class _Builder:
     """Subset construction over lexer threads; see the module docstring."""
 
-    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str):
+    def __init__(self, cfg: Cfg, max_depth: int, max_states: int, name: str, max_ignore: int | None = None,
+                 leading_ignore: bool = True):
         self.cfg, self.max_depth, self.max_states, self.name = cfg, max_depth, max_states, name
+        self.leading_ignore = leading_ignore
         self._work = 0  # parser configurations expanded by _closure, capped at 8 * max_states
-        mats = [d.trans for d in cfg.terminals]
+        # Ignored lexemes: with max_ignore, each is a length-bounded copy of its terminal (its own terminal id,
+        # so the grammar's own uses of the terminal stay unbounded), and a boundary carries how many more
+        # ignored lexemes it allows (IGNORE_RUN at most in a row).
+        dfas = list(cfg.terminals)
+        self.ignore = list(cfg.ignore)
+        self.ignore_run = None if max_ignore is None else IGNORE_RUN
+        if max_ignore is not None:
+            self.ignore = list(range(len(dfas), len(dfas) + len(cfg.ignore)))
+            dfas += [_length_bounded(cfg.terminals[t], max_ignore) for t in cfg.ignore]
+        # A grammar without terminals (``start:`` with no body) matches only the empty string.
+        mats = [d.trans for d in dfas] or [np.full((1, 256), -1, np.int32)]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
-        self.term_trans = [d.trans[:, first].tolist() for d in cfg.terminals]
-        self.term_accept = [d.accept.tolist() for d in cfg.terminals]
+        self.term_trans = [d.trans[:, first].tolist() for d in dfas]
+        self.term_accept = [d.accept.tolist() for d in dfas]
         self.alts_of = [cfg.alts_of(n) for n in range(len(cfg.rule_names))]
         # A parser configuration is the sequence of symbols still to be matched (the stack, flattened):
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
         self.alt_syms = [syms for _, syms in cfg.alts]
+        # Only recursion needs a bound: symbols pushed by a rule outside every cycle of the grammar (declared
+        # structure, e.g. a JSON Schema's nested objects) are *tagged* (terminal t -> t + n_terms, nonterminal
+        # n -> n - n_rules) and not counted, so such nesting is never cut at any depth; it is finite anyway.
+        self.n_terms, self.n_rules = len(cfg.terminals), len(cfg.rule_names)
+        self.recursive = _recursive_rules(cfg)
+        self.push_syms = [syms if self.recursive[lhs] else
+                          tuple(x + self.n_terms if x >= 0 else x - self.n_rules for x in syms)
+                          for lhs, syms in cfg.alts]
         # Nesting bound: a terminal may be pending at most max_depth times (or its count in one alternative,
         # if larger, so that straight-line repeats such as  "a" "a" "a"  are never cut): "]" is pending once
         # per open "[", so max_depth is the nesting depth per bracket kind. Nonterminals get 4x as much room:
@@ -201,18 +248,21 @@ class _Builder:
                 continue
             seen.add(f)
             self._work += 1
+            if self._work % 1024 == 0:
+                _deadline.check()
             if self._work > 8 * self.max_states:  # a closure may blow up before any state is added
                 self._too_big(f"{self._work} parser configurations")
             if not f:
                 accept = True
                 continue
-            sym, rest = f[0], f[1:]
+            sym, rest = self._untag(f[0]), f[1:]
             if sym >= 0:
                 expects.add((sym, rest))
                 continue
+            recursive = self.recursive[-sym - 1]
             for a in self.alts_of[-sym - 1]:
-                new = self.alt_syms[a] + rest
-                if rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
+                new = self.push_syms[a] + rest
+                if recursive and rest and any(k > self.limit[x] for x, k in self._weight(new).items()):
                     self.truncated = True  # deeper than max_depth: masked out
                     continue
                 todo.append(new)
@@ -244,15 +294,18 @@ class _Builder:
             contents(h)
         return must
 
+    def _untag(self, sym: int) -> int:
+        return sym - self.n_terms if sym >= self.n_terms else sym + self.n_rules if sym < -self.n_rules else sym
+
     def _weight(self, form: tuple[int, ...]) -> Counter:
-        """Symbol counts of a pending form, helpers counted with what they must hold."""
-        counts = Counter(form)
+        """Counts of the untagged symbols of a pending form, helpers counted with what they must hold."""
+        counts = Counter(x for x in form if -self.n_rules <= x < self.n_terms)
         for x in [x for x in counts if x in self._must]:
             counts.update({y: k * counts[x] for y, k in self._must[x].items()})
         return counts
 
-    def _intern(self, expects: frozenset, accept: bool) -> int:
-        key = (expects, accept)
+    def _intern(self, expects: frozenset, accept: bool, ignores_left: int | None = None) -> int:
+        key = (expects, accept, self.ignore_run if ignores_left is None else ignores_left)
         if (b := self._boundary_ids.get(key)) is None:
             b = self._boundary_ids[key] = len(self._boundaries)
             self._boundaries.append(key)
@@ -272,8 +325,10 @@ class _Builder:
             return next(iter(boundaries))
         if (b := self._union_memo.get(boundaries)) is None:
             parts = [self._boundaries[x] for x in boundaries]
-            b = self._union_memo[boundaries] = self._intern(frozenset().union(*(e for e, _ in parts)),
-                                                           any(a for _, a in parts))
+            b = self._union_memo[boundaries] = self._intern(frozenset().union(*(e for e, _, _ in parts)),
+                                                           any(a for _, a, _ in parts),
+                                                           None if self.ignore_run is None else
+                                                           max(k for _, _, k in parts))
         return b
 
     def _fresh(self, boundary: int) -> tuple[tuple[int, int], ...]:
@@ -284,7 +339,11 @@ class _Builder:
         for term, cont in self._boundaries[boundary][0]:
             by_term.setdefault(term, set()).add(cont)
         out = [(t, self._close(c)) for t, c in by_term.items()]
-        out += [(t, boundary) for t in self.cfg.ignore]  # an ignored lexeme returns to this very boundary
+        expects, accept, left = self._boundaries[boundary]
+        if left is None:  # an ignored lexeme returns to this very boundary
+            out += [(t, boundary) for t in self.ignore]
+        elif left > 0:  # ... with one ignored lexeme fewer left
+            out += [(t, self._intern(expects, accept, left - 1)) for t in self.ignore]
         # Ignore terminals that the grammar also expects here need both continuations.
         merged: dict[int, set[int]] = {}
         for t, b in out:
@@ -296,9 +355,13 @@ class _Builder:
     # ---------------------------------------------------------------- subset construction
     def run(self) -> tuple[np.ndarray, np.ndarray, _Builder]:
         start = self._close([(-(self.cfg.start + 1),)])
+        if not self.leading_ignore:  # the same boundary with no ignored lexeme allowed (left = 0)
+            start = self._intern(*self._boundaries[start][:2], 0)
         init = (frozenset((t, 0, c) for t, c in self._fresh(start)), True)
         ids, order, rows, accepts = {init: 0}, [init], [], []
         while len(rows) < len(order):
+            if len(rows) % 64 == 0:
+                _deadline.check()
             threads, is_init = order[len(rows)]
             accepts.append(self._boundaries[start][1] if is_init else any(
                 self.term_accept[t][q] and self._boundaries[c][1] for t, q, c in threads))
@@ -338,8 +401,10 @@ class _Builder:
 
     def _too_big(self, reached: str) -> None:
         nested = sorted({_HELPER.sub("", self.cfg.rule_names[-x - 1]) for form in self._closure_memo
-                         for x, k in Counter(form).items() if x < 0 and k > 1})
+                         for x, k in self._weight(form).items() if x < 0 and k > 1})
+        change = "lower max_depth or raise max_states" if self.max_depth > 1 else "raise max_states"
         raise GrammarError(
             f"{self.name} is too large at nesting depth {self.max_depth} (max_depth): the construction stopped at "
             f"{reached} (cap: max_states={self.max_states}); nesting through rules "
-            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: lower max_depth or raise max_states")
+            f"{', '.join(nested[:8]) or '(none)'} multiplies the states: {change} (GrammarOptions(max_depth=..., "
+            "max_states=...); grammar_max_depth=..., grammar_max_states=... on the command line)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.grammar import _deadline
 from specjax.grammar.automaton import INITIAL, build_automaton
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import load_lark
@@ -22,7 +23,7 @@ __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 
 _CACHE_VERSION = "2"  # 2: a checksummed folder per key
 _TABLES = "tables.npz"
-_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "tables.py", "compiler.py")
+_SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "_dfa.py", "tables.py", "compiler.py")
 
 
 def _code_version() -> str:
@@ -45,6 +46,18 @@ class GrammarOptions:
         arrays); deeper nesting is masked out. Iteration (left/right recursion) is never bounded. The
         automaton grows about 3.6x per level for JSON (see docs/grammar.md).
       max_states: refuse grammars whose subset construction passes this many states.
+      timeout: refuse a grammar whose cold compile (terminals, automaton, mask tables) passes this many seconds
+        of CPU time (the compiling thread's, so a loaded machine does not change the outcome), with a message
+        naming the phase; None: no limit. Tables loaded from the disk cache are never limited. Not part of the
+        cache key.
+      max_ignore: at most this many bytes per ``%ignore``'d lexeme (whitespace, comments), and at most 3 such
+        lexemes between two terminals; None (default): unbounded. Unbounded whitespace lets a model loop on it
+        until the length limit, but the bound costs states: each position in a bounded run is state in every
+        context where ignored text may appear (the SQL subset at max_depth 3: 5,192 states unbounded, 71,154
+        with 16 bytes).
+      leading_ignore: allow ``%ignore``'d text before the first terminal, as lark does. Off by default, as in
+        llguidance: a model then cannot open its output with whitespace it loops on (the real-model SQL test
+        wrote 96 tokens of newlines and spaces before any keyword), and it costs no states.
       cache: read and write compiled tables under ``cache_root()/grammar``.
       eos_ids: ids allowed exactly in accepting states; None: the tokenizer's ``eos_ids``.
     """
@@ -52,6 +65,9 @@ class GrammarOptions:
     start: str = "start"
     max_depth: int = 3
     max_states: int = 200_000
+    timeout: float | None = 10.0
+    max_ignore: int | None = None
+    leading_ignore: bool = False
     cache: bool = True
     eos_ids: tuple[int, ...] | None = None
 
@@ -62,6 +78,10 @@ class GrammarOptions:
             raise GrammarError(f"max_depth must be at least 1, got {self.max_depth}")
         if self.max_states < 2:
             raise GrammarError(f"max_states must be at least 2, got {self.max_states}")
+        if self.max_ignore is not None and (not isinstance(self.max_ignore, int) or self.max_ignore < 1):
+            raise GrammarError(f"max_ignore must be a positive number of bytes or None, got {self.max_ignore!r}")
+        if self.timeout is not None and not (isinstance(self.timeout, int | float) and self.timeout > 0):
+            raise GrammarError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
 
 
 _VOCABS: dict[tuple, tuple[object, Vocabulary, str]] = {}  # (id(tokenizer), eos) → ...
@@ -104,7 +124,8 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
     """
     options = options or GrammarOptions()
     vocab, vocab_hash = vocabulary_of(tokenizer, options.eos_ids)
-    key = hashlib.sha256(json.dumps([_code_version(), lark_text, dataclasses.asdict(options) | {"cache": None},
+    settings = dataclasses.asdict(options) | {"cache": None, "timeout": None}  # neither changes the tables
+    key = hashlib.sha256(json.dumps([_code_version(), lark_text, settings,
                                      vocab_hash]).encode()).hexdigest()[:32]
     if not options.cache:
         return _to_device(_build_tables(lark_text, options, vocab), vocab)
@@ -118,9 +139,13 @@ def compile_grammar(lark_text: str, tokenizer, options: GrammarOptions | None = 
 
 def _build_tables(lark_text: str, options: GrammarOptions, vocab: Vocabulary) -> dict[str, np.ndarray]:
     t0 = time.perf_counter()
-    cfg = load_lark(lark_text, options.start)
-    auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start))
-    rows, row_of_state = mask_rows(auto, vocab)
+    with _deadline.deadline(options.timeout):
+        cfg = load_lark(lark_text, options.start)
+        _deadline.phase("automaton")
+        auto = build_automaton(cfg, options.max_depth, options.max_states, _describe(lark_text, options.start),
+                               options.max_ignore, options.leading_ignore)
+        _deadline.phase("mask table")
+        rows, row_of_state = mask_rows(auto, vocab)
     return {"trans_sb": auto.trans_sb, "accept_s": auto.accept_s, "mask_rw": rows, "row_s": row_of_state,
             "stats": np.array([auto.raw_states, int(auto.truncated), (time.perf_counter() - t0) * 1e6], np.int64)}
 

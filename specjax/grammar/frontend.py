@@ -25,8 +25,10 @@ import lark
 import lark.exceptions
 from lark.load_grammar import load_grammar
 
+from specjax.grammar import _deadline
+from specjax.grammar._dfa import ByteDFA
 from specjax.grammar.errors import GrammarError
-from specjax.grammar.terminals import ByteDFA, terminal_dfa
+from specjax.grammar.terminals import terminal_dfa
 
 __all__ = ["Cfg", "load_lark"]
 
@@ -119,6 +121,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
 
 def _terminal(name: str, pattern, start: str, rules: dict[str, list[tuple[str, ...]]]) -> ByteDFA:
     """:func:`terminal_dfa`; a refusal also says where the terminal is used and how to replace it."""
+    _deadline.check()
     try:
         return terminal_dfa(name, pattern)
     except GrammarError as e:

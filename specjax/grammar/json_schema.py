@@ -36,7 +36,6 @@ _REFUSAL_WHY = {
     "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
     "else": "conditional schemas are not compiled",
     "contains": "counting matching items is not compiled",
-    "minProperties": "counting properties is not compiled", "maxProperties": "counting properties is not compiled",
     "uniqueItems": "item uniqueness is not context-free",
 }
 
@@ -52,6 +51,10 @@ class JsonSchemaOptions:
         unbounded, which lets a model emit whitespace forever and is not recommended.
       unknown_formats: "refuse" (default) or "ignore" (formats without a regex here are then not
         enforced, as in a validator without format assertion).
+      max_repeat: at most this many items in an array without `maxItems` (or `minItems` items if more) and
+        extra properties per object; None: unbounded (exact). A bound makes constrained generation finish where
+        a model would loop on a free-form repetition; narrower than the schema, still sound. Generic JSON
+        values (`{}`) stay unbounded: a counter per nesting level would multiply the automaton.
       strict_objects: True: never generate properties outside `properties` (+ required), even
         where the schema allows them (narrower than the schema, still sound; xgrammar's default).
     """
@@ -60,12 +63,15 @@ class JsonSchemaOptions:
     max_whitespace: int | None = 8
     unknown_formats: str = "refuse"
     strict_objects: bool = False
+    max_repeat: int | None = None
 
     def __post_init__(self):
         if self.whitespace not in ("compact", "flexible"):
             raise ValueError(f"whitespace must be 'compact' or 'flexible', got {self.whitespace!r}")
         if self.unknown_formats not in ("refuse", "ignore"):
             raise ValueError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
+        if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
+            raise ValueError(f"max_repeat must be >= 1 or None, got {self.max_repeat}")
         if self.max_whitespace is not None and self.max_whitespace < 1:
             raise ValueError(f"max_whitespace must be >= 1 or None, got {self.max_whitespace}")
 

@@ -22,6 +22,7 @@ from re import _constants as C  # noqa: N812
 from re import _parser as sre_parse
 
 from specjax.grammar import _charsets as cs
+from specjax.grammar._counted import MAX_POSITIONS, positions
 
 __all__ = ["RegexError", "class_repeat", "regex_to_lark", "translate", "width"]
 
@@ -96,6 +97,15 @@ def _parse(pattern: str) -> sre_parse.SubPattern:
     if tree.state.flags & _BAD_FLAGS:
         raise _refuse(pattern, "inline flag", "flags change matching semantics")
     return tree
+
+
+def _check_size(pattern: str, tree) -> None:
+    """Refuses counted repetitions that unroll past ``MAX_POSITIONS`` (one automaton state per position)."""
+    if (size := positions(tree)) > MAX_POSITIONS:
+        shown = pattern if len(pattern) <= 80 else pattern[:77] + "..."
+        raise RegexError(f"regex {shown!r}: counted repetitions unroll to {size:,} character positions (limit "
+                         f"{MAX_POSITIONS:,}): an automaton counts with one state per position; use smaller counts, "
+                         "or an unbounded repetition (*, +) where the exact count does not matter")
 
 
 def _strip_anchors(items: list) -> tuple[bool, list, bool]:
@@ -241,6 +251,7 @@ def translate(pattern: str, render: ClassRender = cs.class_text, search: bool = 
       RegexError: unsupported construct or syntax error (the message has the column).
     """
     tree = _parse(pattern)
+    _check_size(pattern, tree)
     emitter = _Emitter(pattern, render)
     anything = render(cs.ANY) + "*"
     alts = []
@@ -297,9 +308,10 @@ def regex_to_lark(pattern: str, form: str = "rules") -> str:
     if form not in ("rules", "terminal"):
         raise ValueError(f"form must be 'rules' or 'terminal', got {form!r}")
     tree = _parse(pattern)
+    _check_size(pattern, tree)
     lower = _Lowering(_Emitter(pattern, cs.class_text), terminal=form == "terminal")
     alts = [lower.seq(body) for _, body, _ in _alternatives(pattern, tree)]
-    return f"start: {_union(alts)}\n"
+    return "".join(f"{name}: {body}\n" for name, body in [("start", _union(alts)), *lower.rules.items()])
 
 
 def _union(alts: list[str]) -> str:
@@ -321,6 +333,11 @@ class _Lowering:
 
     def __init__(self, emitter: _Emitter, terminal: bool):
         self.emitter, self.terminal = emitter, terminal
+        # Helper rules: each repeated group is its own rule. Inline, lark would expand the group's inner
+        # optionals and counts into one alternative per combination, multiplied across nesting levels:
+        # (((a{1,2}b?){1,2}c?){1,2}d?){2} was ~10 M alternatives (106 s in lark's loader).
+        self.rules: dict[str, str] = {}
+        self._count = 0
 
     def seq(self, items) -> str:
         items = list(items)
@@ -356,13 +373,37 @@ class _Lowering:
         raise self.emitter._unsupported(op)
 
     def repeat(self, lo: int, hi: int, sub) -> str:
+        if sre_parse.SubPattern(sre_parse.State(), list(sub)).getwidth()[1] == 0:
+            return ""  # (?:){3}: repeating the empty string is the empty string
         if _nullable(sub):  # (a?)* has infinitely many parses of "": lark's Earley does not accept it
             raise RegexError(f"regex {self.emitter.pattern!r}: a repeated sub-pattern that can match the empty "
                              "string is not supported")
-        atom = self.seq(sub)
-        atom = f"({atom})"
-        if hi == C.MAXREPEAT:
-            return f"{atom}*" if lo == 0 else f"{atom}+" if lo == 1 else f"{atom}~{lo} {atom}*"
         if hi == 0:
             return ""
-        return f"{atom}?" if (lo, hi) == (0, 1) else f"{atom}~{lo}" if lo == hi else f"{atom}~{lo}..{hi}"
+        atom = self.seq(sub)
+        if not re.fullmatch(r'"[^"\\]*"|/[^/]*/|[a-z_0-9]+', atom):  # one terminal or rule stays inline
+            atom = self._helper(atom)
+        if hi == C.MAXREPEAT:
+            return f"{atom}*" if lo == 0 else f"{atom}+" if lo == 1 else f"{atom}~{lo} {atom}*"
+        if (lo, hi) == (0, 1):
+            return f"{atom}?"
+        if lo == hi:
+            return f"{atom}~{lo}"
+        if hi - lo <= 4:
+            return f"{atom}~{lo}..{hi}"
+        # lark writes x~lo..hi as one alternative per count (quadratic); a chain of rules is linear:
+        # up to k more copies = (x (up to k-1 more))?
+        name = self._name()
+        for k in range(hi - lo, 0, -1):
+            self.rules[f"{name}_{k}"] = f"({atom} {name}_{k - 1})?" if k > 1 else f"{atom}?"
+        more = f"{name}_{hi - lo}"
+        return f"{atom}~{lo} {more}" if lo else more
+
+    def _name(self) -> str:
+        self._count += 1
+        return f"_r{self._count}"
+
+    def _helper(self, body: str) -> str:
+        name = self._name()
+        self.rules[name] = body
+        return name

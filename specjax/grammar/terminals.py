@@ -11,7 +11,6 @@ are not regular (backreferences) are refused: they would make the automaton sile
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import re._constants as sre_constants
 import re._parser as sre_parse
@@ -20,7 +19,9 @@ import interegular
 import numpy as np
 from interegular.fsm import anything_else
 
-from specjax.grammar._counted import sequence_dfa, split_counted
+from specjax.grammar import _deadline
+from specjax.grammar._counted import MAX_POSITIONS, MAX_POSITIONS_INTEREGULAR, positions, sequence_dfa, split_counted
+from specjax.grammar._dfa import ByteDFA, minimal_dfa
 from specjax.grammar.errors import GrammarError
 
 __all__ = ["ByteDFA", "terminal_dfa", "literal_dfa", "regex_dfa"]
@@ -30,14 +31,6 @@ _UNSUPPORTED = {sre_constants.AT: "anchor or \\b", sre_constants.ASSERT: "lookar
                 sre_constants.ASSERT_NOT: "negative lookaround", sre_constants.GROUPREF: "backreference",
                 sre_constants.GROUPREF_EXISTS: "conditional group"}
 _UNICODE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ByteDFA:
-    """A DFA over bytes: ``trans[q, b]`` is the next state or -1 (reject); state 0 is the start."""
-
-    trans: np.ndarray  # int32 [n, 256]
-    accept: np.ndarray  # bool [n]
 
 
 def terminal_dfa(name: str, pattern) -> ByteDFA:
@@ -71,11 +64,13 @@ def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
     Raises:
       GrammarError: a syntax error or an unsupported construct, naming ``where`` and the construct.
     """
-    _check_supported(regex, where)
+    size = _check_supported(regex, where)
+    _check_size(regex, where, size, MAX_POSITIONS, "")
     regex = _UNICODE_ESCAPE.sub(lambda m: m[1] + re.escape(chr(int(m[2] or m[3], 16))), regex)
     if (pieces := split_counted(regex)) is not None:
         parts = [(d.trans, d.accept, lo, hi) for d, lo, hi in ((regex_dfa(p, where), lo, hi) for p, lo, hi in pieces)]
-        return _minimal(*sequence_dfa(parts))
+        return minimal_dfa(*sequence_dfa(parts))
+    _check_size(regex, where, size, MAX_POSITIONS_INTEREGULAR, ", with counts inside groups or alternatives")
     try:
         fsm = interegular.parse_pattern(regex).to_fsm()
     except Exception as e:  # interegular raises several unrelated types
@@ -83,7 +78,17 @@ def regex_dfa(regex: str, where: str = "regex") -> ByteDFA:
     return _bytes_from_chars(fsm)
 
 
-def _check_supported(regex: str, where: str) -> None:
+def _check_size(regex: str, where: str, size: int, limit: int, how: str) -> None:
+    if size > limit:
+        shown = regex if len(regex) <= 80 else regex[:77] + "..."
+        raise GrammarError(f"{where}: {shown!r} is too large: {size:,} character positions once its counted "
+                           f"repetitions are unrolled{how} (limit {limit:,}): an automaton needs about one state per "
+                           "position; use smaller counts, or an unbounded repetition (*, +) where the exact count "
+                           "does not matter")
+
+
+def _check_supported(regex: str, where: str) -> int:
+    """Refuses constructs the automaton cannot express; returns the regex's unrolled size (:func:`positions`)."""
     try:
         tree = sre_parse.parse(regex)
     except re.error as e:
@@ -105,6 +110,7 @@ def _check_supported(regex: str, where: str) -> None:
                 walk(arg)
 
     walk(tree)
+    return positions(tree)
 
 
 def _bytes_from_chars(fsm) -> ByteDFA:
@@ -152,6 +158,8 @@ def _determinise(edges: list[dict[int, set[int]]], start: int, finals: set[int])
     order = [frozenset([start])]
     rows: list[list[int]] = []
     while len(rows) < len(order):
+        if len(rows) % 64 == 0:
+            _deadline.check()
         subset = order[len(rows)]
         row = [-1] * 256
         targets: dict[int, set[int]] = {}
@@ -166,27 +174,7 @@ def _determinise(edges: list[dict[int, set[int]]], start: int, finals: set[int])
             row[b] = ids[key]
         rows.append(row)
     accept = np.array([bool(s & finals) for s in order], bool)
-    return _minimal(np.array(rows, np.int32).reshape(len(order), 256), accept)
-
-
-def _minimal(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
-    """The minimal equivalent DFA (fewer lexer states → fewer grammar automaton states), start kept at 0."""
-    from specjax.grammar.automaton import minimize
-
-    block, n = minimize(trans, accept)
-    ids = np.full(n, -1, np.int64)
-    ids[block[0]] = 0
-    nxt = 1
-    for b in block:
-        if ids[b] < 0:
-            ids[b] = nxt
-            nxt += 1
-    out = np.full((nxt, 256), -1, np.int32)
-    acc = np.zeros(nxt, bool)
-    new = ids[block]
-    out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
-    acc[new] = accept
-    return ByteDFA(out, acc)
+    return minimal_dfa(np.array(rows, np.int32).reshape(len(order), 256), accept)
 
 
 def _complement(points: list[int]) -> list[tuple[int, int]]:

@@ -239,3 +239,55 @@ def test_bad_grammar_input(plain):
         GrammarSpec("yaml", "")
     with pytest.raises(GenerationError, match="grammar must be a GrammarSpec"):
         GenerateConfig(grammar="start: 'a'")
+
+
+# ------------------------------------------------------------------------------- options reach the compiler
+OPEN_OBJECT = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+
+
+def test_json_options_reach_the_front_end():
+    assert "extra" not in GrammarSpec("json_schema", OPEN_OBJECT).lark_text()  # strict by default
+    assert "extra" in GrammarSpec("json_schema", OPEN_OBJECT, strict_objects=False).lark_text()
+    array = '{"type": "array", "items": {"type": "integer"}}'
+    bounded = lark.Lark(GrammarSpec("json_schema", array).lark_text(), parser="earley")
+    exact = lark.Lark(GrammarSpec("json_schema", array, max_repeat=None).lark_text(), parser="earley")
+    bounded.parse("[" + ",".join(["1"] * 16) + "]")
+    with pytest.raises(lark.exceptions.LarkError):
+        bounded.parse("[" + ",".join(["1"] * 17) + "]")
+    exact.parse("[" + ",".join(["1"] * 40) + "]")
+    fmt = '{"type": "string", "format": "x-custom"}'
+    with pytest.raises(GrammarSpecError, match="json_unknown_formats=ignore"):
+        GrammarSpec("json_schema", fmt).lark_text()
+    assert "start" in GrammarSpec("json_schema", fmt, unknown_formats="ignore").lark_text()
+
+
+def test_compiler_options_reach_the_compiler():
+    options = GrammarSpec("lark", ARITH, max_states=1234, timeout=None, max_ignore=None).options((1,))
+    assert (options.max_states, options.timeout, options.max_ignore, options.eos_ids) == (1234, None, None, (1,))
+    with pytest.raises(GrammarSpecError, match=r"too large .* max_states=10\b"):
+        compile_spec(GrammarSpec("lark", ARITH, max_states=10), TOK)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"max_ignore": 0}, "max_ignore must be a positive number"),
+    ({"max_states": 1}, "max_states must be at least 2"),
+    ({"unknown_formats": "warn"}, "unknown_formats must be 'refuse' or 'ignore'"),
+    ({"strict_objects": "yes"}, "strict_objects must be true or false"),
+    ({"max_repeat": 0}, "max_repeat must be a positive integer"),
+])
+def test_bad_options_give_one_line(options, message):
+    with pytest.raises(GrammarSpecError, match=message):
+        GrammarSpec("json_schema", OPEN_OBJECT, **options)
+
+
+def test_cli_options_make_the_spec(tmp_path):
+    from specjax.decode.cli import DecodeOptions, grammar_spec
+
+    path = tmp_path / "s.json"
+    path.write_text(OPEN_OBJECT)
+    spec = grammar_spec(DecodeOptions(json_schema=str(path), json_strict_objects=False, json_unknown_formats="ignore",
+                                      grammar_max_states=999, grammar_timeout=2.5, grammar_max_ignore=4,
+                                      json_max_repeat=None))
+    assert (spec.strict_objects, spec.unknown_formats, spec.max_states, spec.timeout, spec.max_ignore,
+            spec.max_repeat) == (False, "ignore", 999, 2.5, 4, None)

@@ -14,7 +14,9 @@ from specjax.decode import GenerateConfig, Generator, GrammarSpec, GrammarSpecEr
 
 pytestmark = pytest.mark.real_model
 
-BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "jsonschemabench"
+# ../shared/data/jsonschemabench next to the checkout (a git worktree may sit one level deeper).
+BENCH = next((p / "shared" / "data" / "jsonschemabench" for p in Path(__file__).resolve().parents
+              if (p / "shared" / "data" / "jsonschemabench").is_dir()), Path("/nonexistent"))
 # Small closed schemas (strings, integers, enums, booleans): fast to compile against 262,144 tokens.
 DEFAULT_IDS = ["Github_trivial/o27832", "Github_trivial/o79654", "Github_trivial/o10021", "Github_trivial/o81745",
                "Github_trivial/o70564"]
@@ -30,6 +32,8 @@ NUMBER: /[0-9]{1,4}/
 
 
 def schemas(ids=None, limit=None):
+    if not BENCH.is_dir():
+        pytest.skip("../shared/data/jsonschemabench is not there (JSONSchemaBench rows)")
     rows = {}
     for f in sorted(BENCH.glob("*.jsonl")):
         for line in f.read_text().splitlines():
@@ -82,10 +86,10 @@ def test_default_sample_of_schemas_validates(gen):
 
 # Slow: real-model generation twice. Compiling the grammar no longer blows up (factored alternatives, see
 # docs/grammar.md), but at max_depth=3 its minimal automaton is inherently ~113k states (two repetition
-# counters per open parenthesis): ~30 s cold, then from the disk cache.
+# counters per open parenthesis): ~30 s cold (so a raised compile time limit), then from the disk cache.
 @pytest.mark.slow
 def test_lark_arithmetic_parses_and_speculative_matches_plain(gen, real_model, real_tokenizer):
-    spec = GrammarSpec("lark", ARITH, max_depth=3)
+    spec = GrammarSpec("lark", ARITH, max_depth=3, timeout=300)  # ~30 s of CPU cold: past the 10 s default
     cfg = GenerateConfig(max_new_tokens=48, chat=True, grammar=spec)
     prompts = ["Write an arithmetic expression that equals 10.", "Compute (3 + 4) * 2 as an expression."]
     out, _ = gen.generate(prompts, cfg)
@@ -105,13 +109,16 @@ def test_many_schemas_validate(gen, temperature):
     valid, cut, out = run_schemas(gen, schemas(limit=40), max_new_tokens=256,
                                   sampling=SamplingConfig(temperature=temperature, seed=1))
     print(f"{valid} valid, {len(cut)} cut by the length limit: {cut}")
-    assert valid > 0 and len(cut) <= len(out) // 4
+    tails = [c.text[-60:] for c in out if c.finish_reason == "length"]  # what a cut row was looping on
+    assert valid > 0 and len(cut) <= len(out) // 4, tails
 
 
 @pytest.mark.slow
 def test_sql_subset_parses():
     import sys
 
+    if not (BENCH.parents[1] / "bench" / "grammar_peers.py").is_file():
+        pytest.skip("../shared/bench/grammar_peers.py is not there")
     sys.path.insert(0, str(BENCH.parents[1] / "bench"))
     import grammar_peers as gp
 

@@ -58,7 +58,8 @@ def _dies_on_opener(trans_sb: np.ndarray, state: int, data: bytes) -> bool:
 
 @pytest.mark.parametrize("name", ["json", "arith", "sql"])
 def test_allowed_sets_match_llguidance(name, real_tokenizer, llg_tokenizer):
-    tables = compile_grammar(GRAMMARS[name], real_tokenizer, GrammarOptions(max_depth=2))
+    # max_ignore=None: llguidance bounds no ignored text; timeout=None: the Gemma vocabulary on a loaded machine
+    tables = compile_grammar(GRAMMARS[name], real_tokenizer, GrammarOptions(max_depth=2, max_ignore=None, timeout=None))
     trans_sb, accept_s = np.asarray(tables.trans_sb), np.asarray(tables.accept_s)
     pieces = real_tokenizer.token_bytes()
     punct = np.array([bool(p) and not p.strip().isalnum() for p in pieces])

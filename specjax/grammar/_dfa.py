@@ -1,0 +1,90 @@
+"""Byte DFAs and the numpy algorithms on them (byte classes, row ids, Moore minimisation).
+
+A leaf module: the terminal compiler (``terminals.py``, ``_counted.py``), the grammar automaton
+(``automaton.py``) and the mask tables (``tables.py``) all use it, and it imports none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from specjax.grammar import _deadline
+
+__all__ = ["ByteDFA", "byte_classes", "minimal_dfa", "minimize", "row_ids"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ByteDFA:
+    """A DFA over bytes: ``trans[q, b]`` is the next state or -1 (reject); state 0 is the start."""
+
+    trans: np.ndarray  # int32 [n, 256]
+    accept: np.ndarray  # bool [n]
+
+
+def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
+    """Bytes that behave alike in every state share a class: returns (class per byte [256], n_classes)."""
+    _, first, cls = np.unique(trans_nb.T, axis=0, return_index=True, return_inverse=True)
+    # Number classes by first byte so the result does not depend on np.unique's row order.
+    rank = np.argsort(np.argsort(first))
+    return rank[cls.reshape(-1)].astype(np.int32), len(first)
+
+
+def row_ids(rows_nk: np.ndarray) -> np.ndarray:
+    """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
+
+    Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
+    sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
+    only then are whole rows sorted.
+    """
+    mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
+    hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
+    _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
+    ids = ids.reshape(-1)
+    if not (rows_nk == rows_nk[first[ids]]).all():
+        ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
+    return ids
+
+
+def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> tuple[np.ndarray, int]:
+    """Moore partition refinement: returns (block per state, n_blocks); ``trans`` uses -1 or ``dead`` for reject.
+
+    Rejecting transitions are mapped to an extra sink so that they compare equal. Only distinct columns are
+    compared (bytes that act alike everywhere, e.g. all letters of a class, are one column).
+    """
+    n = len(accept)
+    sink = n
+    t = np.where(trans < 0, sink, trans)
+    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
+    part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
+    if dead is not None:
+        part[dead] = 2  # the dead state is alone (and equal to the sink)
+        part[sink] = 2
+    count = len(np.unique(part))
+    t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
+    while True:
+        _deadline.check()
+        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
+        new_count = int(part.max()) + 1
+        if new_count == count:
+            return part[:n], new_count
+        count = new_count
+
+
+def minimal_dfa(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
+    """The minimal equivalent DFA (fewer lexer states → fewer grammar automaton states), start kept at 0."""
+    block, n = minimize(trans, accept)
+    ids = np.full(n, -1, np.int64)
+    ids[block[0]] = 0
+    nxt = 1
+    for b in block:
+        if ids[b] < 0:
+            ids[b] = nxt
+            nxt += 1
+    out = np.full((nxt, 256), -1, np.int32)
+    acc = np.zeros(nxt, bool)
+    new = ids[block]
+    out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
+    acc[new] = accept
+    return ByteDFA(out, acc)

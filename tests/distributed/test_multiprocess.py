@@ -256,7 +256,7 @@ def _train_worker(out_dir: Path) -> dict:
 
     cfg = tiny_run(out_dir / f"run-{jax.process_index()}", "draft")
     _, rows, _, task = prepare(cfg)  # synthetic data and a seeded model: the same in every process
-    batch = {"tokens": rows.tokens[:8].reshape(1, 8, -1), "mask": rows.mask[:8].reshape(1, 8, -1)}
+    batch = {k: v[:8].reshape(1, 8, *v.shape[1:]) for k, v in rows.arrays().items()}
     # The reference: this process alone, on one of its devices (no collective).
     ref, ref_loss, _, _ = _train_step(cfg, task, batch, make_mesh(1, 1, devices=jax.local_devices()))
     report = {"ref_loss": ref_loss, "ref_arrays": len(ref), "spans": {}}

@@ -23,7 +23,7 @@ from specjax.train.trainer import compile_run, prepare, step_batch_sharding
 assert len(jax.devices()) == 8, jax.devices()
 cfg = from_dict(json.loads(sys.argv[1]))
 _, rows, _, task = prepare(cfg)
-batch = {"tokens": rows.tokens[:8].reshape(1, 8, -1), "mask": rows.mask[:8].reshape(1, 8, -1)}
+batch = {k: v[:8].reshape(1, 8, *v.shape[1:]) for k, v in rows.arrays().items()}  # head tasks: + cached features
 out = {}
 for data, model in json.loads(sys.argv[2]):
     mesh = make_mesh(data=data, model=model)

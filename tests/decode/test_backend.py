@@ -64,7 +64,7 @@ def test_the_accelerator_profile_drops_the_int8_head_copy_and_keeps_the_tokens()
     values = rng.integers(-127, 128, (v, d)).astype(np.int8)
     scale = np.full((v, 1), 2.0 ** -6, np.float32)
     assert model.head is None  # tied: the embedding is the head table
-    model.embed.value = jax.numpy.asarray(values * scale)  # exactly what the int8 copy holds
+    model.embed[...] = jax.numpy.asarray(values * scale)  # exactly what the int8 copy holds
     model.head_quant = BlockQuant(values, scale)
     cfg = GenerateConfig(max_new_tokens=10, batch_size=1, ignore_eos=True)  # one row: the int8 product
     cpu, acc = Generator(model, ByteTokenizer(), profile=CPU), Generator(model, ByteTokenizer(), profile=ACCELERATOR)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import forward, full_logits, logits_of
+from qwen_model import qwen_gguf_or_skip
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +50,6 @@ TEXTS = [
 ]
 
 
-def _path() -> Path:
-    from specjax.models import registry
-    from specjax.models.gguf_loader import ModelFileError
-
-    try:
-        registry.part_paths(registry.QWEN_CODER)
-    except ModelFileError as e:
-        pytest.skip(f"the qwen extra is not installed ({e})")
-    return registry.resolve(registry.QWEN_CODER.name)
-
-
 def _conversations() -> list[list[dict]]:
     assert PROMPTS is not None, "tests expect the shared/ data folder beside the checkout"
     first = lambda name: json.loads((PROMPTS / name).read_text().splitlines()[0])["prompt"]
@@ -71,7 +61,7 @@ def _conversations() -> list[list[dict]]:
 
 @pytest.fixture(scope="module")
 def qwen_path() -> Path:
-    return _path()
+    return qwen_gguf_or_skip()
 
 
 @pytest.fixture(scope="module")

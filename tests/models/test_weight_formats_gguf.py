@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -88,6 +89,8 @@ def compare_formats(load, formats, n_tokens: int, report) -> dict:
             div.append(next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None))
             err.append(float(np.abs(teacher_forced(model, s, len(p)) - want_lg).max()))
         results[fmt] = {"first_divergence": div, "max_abs_dlogit": err, "ppl": perplexity(model, ppl_ids)}
+        del model
+        jax.clear_caches()  # each format's compiled programs hold their own constants and buffers
         report(f"{fmt}: first divergence {div}, max |dlogit| {[round(e, 3) for e in err]}, "
                f"perplexity {results[fmt]['ppl']:.3f} (float32 {results['float32']['ppl']:.3f})")
     return results
@@ -96,25 +99,21 @@ def compare_formats(load, formats, n_tokens: int, report) -> dict:
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_gemma_formats_against_float32(capsys):
-    cache = {}
-
-    def load(fmt):
-        if fmt == "int8-per-channel":  # the lossy path (what HF checkpoints get), from the float32 model
+    def load(fmt):  # a fresh model per format: compare_formats drops each after use (RSS stays ~3 GB)
+        if fmt == "int8-from-float":  # the lossy path (HF checkpoints): blocks of 32 from float32
             model, tok = loading.load_model(None)
             wf.pack_model(model, "int8")
             return model, tok
-        if fmt not in cache:
-            cache[fmt] = loading.load_model(None, weights=fmt)
-        return cache[fmt]
+        return loading.load_model(None, weights=fmt)
 
     with capsys.disabled():
-        res = compare_formats(load, ["int8", "q4", "bfloat16", "int8-per-channel"], 64, print)
+        res = compare_formats(load, ["int8", "q4", "bfloat16", "int8-from-float"], 64, print)
     # The file's own integers: bit-identical weights, so identical greedy output and logits.
     for fmt in ("int8", "q4"):
         assert res[fmt]["first_divergence"] == [None] * len(PROMPTS)
         assert max(res[fmt]["max_abs_dlogit"]) < 1e-3
     # Lossy formats: most prompts agree for all 64 tokens; perplexity within 2% / 5% of float32.
-    for fmt, tol in (("bfloat16", 0.02), ("int8-per-channel", 0.05)):
+    for fmt, tol in (("bfloat16", 0.02), ("int8-from-float", 0.05)):
         assert sum(d is None for d in res[fmt]["first_divergence"]) >= len(PROMPTS) // 2, res[fmt]
         assert abs(res[fmt]["ppl"] / res["float32"]["ppl"] - 1) < tol, res[fmt]
 

@@ -43,6 +43,7 @@ def test_ci_true_selects_the_ci_profile():
     code = "import conftest\nfrom hypothesis import settings\nd = settings.default\n" \
            "print(d.derandomize, d.database, d.deadline.total_seconds())"
     env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_PROFILE"}
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env, CI="true", JAX_PLATFORMS="cpu"),
+    env = dict(env, CI="true", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))  # this checkout's specjax
+    out = subprocess.run([sys.executable, "-c", code], env=env,
                          cwd=ROOT / "tests", capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["True", "None", "60.0"], out.stderr[-2000:]

@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models.backend_profile import profile_for
 from specjax.models.config import ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
 from specjax.models.quant import BlockQuant
-from specjax.models.weight_formats import matmul_profile
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
@@ -176,7 +176,7 @@ class Transformer(nnx.Module):
 
         When the loader attached a low-precision head (an exact int8 copy of a quantised float32
         head, or the `weights=` format's), one row uses its fused product and, on CPU, up to
-        `MatmulProfile.head_blockwise_rows` rows (every row count without a float32 table) its
+        `BackendProfile.head_blockwise_rows` rows (every row count without a float32 table) its
         block-wise product (`quant.py` explains why only then); everything else uses the float32
         table, or the dequantized low-precision one on accelerators.
         """
@@ -187,7 +187,7 @@ class Transformer(nnx.Module):
             # Few rows on CPU (verification, batches): block-wise int8 conversion beats the
             # float32 GEMM; accelerators keep the one large product.
             logits = self.head_quant.matmul_chunked(hidden_btd.reshape(b * t, d),
-                                                    matmul_profile().head_chunk_rows).reshape(b, t, -1)
+                                                    profile_for().head_chunk_rows).reshape(b, t, -1)
         else:
             table_vd = self.head_table()
             # A 2-D product: XLA:CPU runs [B*T, D] @ [V, D]^T ~2x faster than the batched
@@ -211,7 +211,7 @@ class Transformer(nnx.Module):
 
     def _head_in_blocks(self, rows: int) -> bool:
         """Whether `rows` head products take the block-wise low-precision path (CPU; quant.py)."""
-        prof = matmul_profile()
+        prof = profile_for()
         return (self.head_quant is not None and prof.blockwise
                 and (rows <= prof.head_blockwise_rows or self._float_table() is None))
 

@@ -10,8 +10,8 @@ Formats (what a matrix holds; from a GGUF file; from float weights):
   file stores in more bits as exact int8 (like the file itself); per group of 32, asymmetric.
 
 Every linear map of the blocks, the embedding and the head take the format; norms and biases stay
-float32. Inside the jitted step a matrix is dequantized and multiplied as `MatmulProfile` says
-(`matmul_profile`, the one backend switch):
+float32. Inside the jitted step a matrix is dequantized and multiplied as the backend's
+profile says (`backend_profile.profile_for`, the one backend switch):
 
 - XLA:CPU converts one cache-sized block of output rows at a time inside a `lax.scan`, for one row
   and many alike. The scan does two things: the product's input arrives computed (a loop boundary
@@ -24,7 +24,6 @@ float32. Inside the jitted step a matrix is dequantized and multiplied as `Matmu
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterator
 
@@ -33,8 +32,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specjax.models.backend_profile import profile_for
 from specjax.models.config import ConfigError
-from specjax.models.quant import CHUNK_ROWS, MAX_CHUNKED_ROWS, BlockQuant, block_quant_from_gguf
+from specjax.models.quant import BlockQuant, block_quant_from_gguf
 
 WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "q4")
 Q4_GROUP = 32
@@ -45,34 +45,6 @@ def resolve_weights(name: str) -> str:
     if name not in WEIGHT_FORMATS:
         raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     return name
-
-
-@dataclasses.dataclass(frozen=True)
-class MatmulProfile:
-    """How low-precision matrices are multiplied on one backend.
-
-    Attributes:
-      blockwise: convert a block of output rows at a time inside a `lax.scan` (XLA:CPU); False:
-        dequantize the whole matrix and call one dot_general (fused by XLA on accelerators).
-      block_bytes: float32 bytes of one converted block of a decoder matrix (cache-resident).
-      head_chunk_rows: rows of the head's blocks (its one-row product is fused, quant.py).
-      head_blockwise_rows: up to this many rows the head uses its blocks when a float32 table
-        also exists (beyond it the float32 GEMM); without a float32 table, always.
-    """
-
-    blockwise: bool
-    block_bytes: int = 3 << 19  # 1.5 MiB: Gemma gate 512 rows, Qwen gate 256 rows (fits a 2 MiB L2)
-    head_chunk_rows: int = CHUNK_ROWS
-    head_blockwise_rows: int = MAX_CHUNKED_ROWS
-
-
-_PROFILES = {"cpu": MatmulProfile(blockwise=True)}
-_ACCELERATOR = MatmulProfile(blockwise=False, head_blockwise_rows=0)
-
-
-def matmul_profile(backend: str | None = None) -> MatmulProfile:
-    """The profile of `backend` (default: JAX's default backend)."""
-    return _PROFILES.get(backend or jax.default_backend(), _ACCELERATOR)
 
 
 def block_rows(out_dim: int, in_dim: int, block_bytes: int) -> int:
@@ -87,7 +59,7 @@ def block_rows(out_dim: int, in_dim: int, block_bytes: int) -> int:
 
 def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
     """x [..., in] @ Wᵀ → [..., out] in x's dtype, W the low-precision matrix (see module doc)."""
-    prof = matmul_profile()
+    prof = profile_for()
     o, i = packed.shape
     x_mi = x.reshape(-1, i)
     if prof.blockwise:

@@ -3,8 +3,6 @@ weights' float forward, one row against many, the GGUF conversion cache, and the
 
 from __future__ import annotations
 
-import dataclasses
-
 import gguf
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,9 @@ import pytest
 from conftest import full_logits, tiny_config
 from flax import nnx
 
+import specjax.models.transformer as transformer
 import specjax.models.weight_formats as wf
+from specjax.models.backend_profile import ACCELERATOR
 from specjax.models.config import ConfigError
 from specjax.models.params import build_model, model_weights
 from specjax.models.quant import BlockQuant, _dequantize
@@ -144,8 +144,10 @@ def test_accelerator_profile_computes_the_same_product(fmt, monkeypatch):
     model, _ = packed_and_reference(fmt)
     tokens = jnp.asarray(np.random.default_rng(5).integers(0, 64, (2, 7)), jnp.int32)
     cpu = full_logits(model, tokens)
-    monkeypatch.setitem(wf._PROFILES, "cpu", dataclasses.replace(wf._ACCELERATOR))
-    assert not wf.matmul_profile().blockwise
+    # Every module that asks for the profile gets the accelerators' one (plain dequantize + dot).
+    for module in (wf, transformer):
+        monkeypatch.setattr(module, "profile_for", lambda backend=None: ACCELERATOR)
+    assert not ACCELERATOR.blockwise
     np.testing.assert_allclose(full_logits(model, tokens), cpu, rtol=1e-5, atol=1e-5)
 
 

@@ -48,7 +48,7 @@ class RoundContext:
       sampling: static token selection; temperature, top_p: its traced values.
       max_new, eos_ids, stop_tables, grammar: when rows stop, and the rows' grammars (or None).
       adapt: the static adaptive policy (`policy.Adaptive`), or None to speculate every round.
-      profile: the backend's decode profile (`backend.py`).
+      profile: the backend's profile (`models/backend_profile.py`).
       cheap, drafting_cost: what a draft costs (`Drafter.cheap`, `cost.draft_cost`), derived once.
     """
 
@@ -134,7 +134,7 @@ def check_draft(draft, drafter, b: int, k: int, vocab: int) -> None:
 
 def propose(ctx: RoundContext, s: SpecState) -> tuple[SpecState, Draft, jax.Array | None]:
     """This round's draft (chain drafts cut at the grammar's first refusal) and its block states."""
-    view = DraftView(row=s.row, draft_state=s.draft, sampling=ctx.draft_sampling())
+    view = DraftView(row=s.row, draft_state=s.draft, sampling=ctx.draft_sampling(), profile=ctx.profile)
     draft, draft_state = ctx.drafter.propose(ctx.model, ctx.draft_params, view, ctx.k)
     check_draft(draft, ctx.drafter, s.row.last_b.shape[0], ctx.k, ctx.model.cfg.vocab_size)
     s = s.replace(draft=draft_state)

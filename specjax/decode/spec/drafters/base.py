@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Protocol
 import jax
 from flax import struct
 
+from specjax.decode.backend import BackendProfile, profile_for
 from specjax.decode.sampling import SamplingConfig
 
 
@@ -161,11 +162,13 @@ class DraftView:
       row: the loop's row state (`spec.state.SpecRow`: cache, token history, positions, key, steps).
       draft_state: the drafter's own carry.
       sampling: the loop's token selection (a sampling drafter filters its q like the target's p).
+      profile: the backend's profile (a drafter reading the target's head uses its CPU tricks only there).
     """
 
     row: Any
     draft_state: Any
     sampling: DraftSampling
+    profile: BackendProfile = struct.field(pytree_node=False, default_factory=profile_for)
 
     def __getattr__(self, name: str):
         # The row's fields a drafter reads (see `Drafter`), without copying them into the view.

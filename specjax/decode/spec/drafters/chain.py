@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.decode.backend import BackendProfile
 from specjax.decode.errors import GenerationError
 from specjax.decode.sampling import filter_logits, sample_weights
 from specjax.decode.spec.drafters.base import Draft, DraftSampling
@@ -69,14 +70,14 @@ def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
     return model.final_norm(x_btd), new_k, new_v
 
 
-def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, live: jax.Array) -> jax.Array:
+def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, steps: jax.Array,
+                profile: BackendProfile) -> jax.Array:
     """Draft logits [B, N] over the reduced vocabulary, or [B, V] through the model's own head."""
     if head is not None:
         return head.logits(hidden_bd)
-    # As in the plain loop: the barrier keeps the final norm out of the one-row int8 head's fused
+    # As in the plain loop, on CPU: the barrier keeps the final norm out of the one-row int8 head's fused
     # product, and `live` keeps a float32 copy of that head from being hoisted out of the loop (quant.py).
-    hidden_b1d = jax.lax.optimization_barrier(hidden_bd[:, None])
-    return model.logits(hidden_b1d, live=live)[:, 0]
+    return model.logits(profile.head_input(hidden_bd[:, None]), live=profile.live(steps))[:, 0]
 
 
 def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):
@@ -126,7 +127,8 @@ def draft_chain(model, head: HeadTable | None, hidden_bd, carry, step, state, k:
     vocab = model.cfg.vocab_size
 
     def pick(i, h_bd):
-        return choose(head_logits(model, head, h_bd, state.steps + i), ids_n, vocab, ctx, jax.random.fold_in(key, i))
+        logits_bn = head_logits(model, head, h_bd, state.steps + i, state.profile)
+        return choose(logits_bn, ids_n, vocab, ctx, jax.random.fold_in(key, i))
 
     def body(c, i):
         h_bd, inner = c

@@ -16,6 +16,7 @@ from flax import struct
 from test_speculative import BIGRAM_PROMPTS, EOS, PROMPTS, TOK, K, bigram_model, oracle
 
 from specjax.decode import GenerateConfig, GenerationError, Generator, SpecConfig, SpeculativeGenerator, build_drafter
+from specjax.decode.backend import CPU, BackendProfile
 from specjax.decode.sampling import SamplingConfig, filter_logits
 from specjax.decode.spec.drafters.base import DraftSampling
 from specjax.decode.spec.drafters.draft_model import slice_model
@@ -93,6 +94,7 @@ class LoopView:
     steps: jax.Array
     sampling: DraftSampling
     draft_state: Any = ()
+    profile: BackendProfile = struct.field(pytree_node=False, default=CPU)
 
 
 def prefilled_state(model, prompt, last, rows, temperature, top_p, seed=0):

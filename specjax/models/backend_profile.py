@@ -1,0 +1,90 @@
+"""Backend profiles: every XLA:CPU workaround of the project, chosen once per backend.
+
+One frozen `BackendProfile` says how programs are built on a backend; there are two, `CPU` and
+`ACCELERATOR`, and `profile_for()` picks one from JAX's backend. What the CPU profile turns on
+(docs/performance.md, `quant.py`, `weight_formats.py`):
+
+* the exact int8 copy of a quantised head, read by one-row products: XLA:CPU fuses its conversion
+  into the product; other backends read the float32 table (`Generator` drops the copy);
+* the loop counter passed as `live` to that one-row int8 head, a no-op XLA cannot prove, so that
+  loop-invariant code motion does not hoist a float32 copy of the head out of the loop;
+* an `optimization_barrier` before the head, so the final norm stays out of the head's fused product;
+* `IN_PLACE_COMPILER_OPTIONS` (XLA:CPU's copy insertion with region analysis: the donated KV cache
+  is updated in place inside the while loops);
+* the first-token clock as a `lax.cond` on the loop counter inside the loop body (one program, no
+  second copy of the body);
+* low-precision matrices converted one cache-sized block of output rows at a time inside a
+  `lax.scan` (`weight_formats.packed_product`), and the head's few-row products block-wise.
+
+On GPU / TPU these are noise or worse (a barrier blocks fusions, a flag another backend does not
+know, a scan serialises a product XLA would fuse), so the accelerator profile uses plain fused ops,
+and peels the first token's iteration out of the loop for the clock instead of branching every token.
+Tokens are the same either way: every trick is a no-op on values (`tests/decode/test_backend.py`
+runs both profiles on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS
+from specjax.models.quant import CHUNK_ROWS, MAX_CHUNKED_ROWS
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendProfile:
+    """How programs are built for one backend (static: part of every decode program's key).
+
+    Attributes:
+      name: "cpu" or "accelerator".
+      int8_head: keep the model's int8 head copy for one-row products (else the float32 table).
+      live_counter: pass the loop counter to the head as `live` (see the module doc).
+      head_barrier: an optimization barrier between the final norm and the head.
+      first_token_cond: mark the first-token clock with a `lax.cond` inside the loop (CPU) instead of
+        running the first iteration outside the loop (accelerators).
+      compiler_options: XLA compiler options of the jitted programs, as sorted (name, value) pairs.
+      blockwise: multiply low-precision matrices a block of output rows at a time inside a
+        `lax.scan` (XLA:CPU); False: dequantize the whole matrix and call one dot_general.
+      block_bytes: float32 bytes of one converted block of a decoder matrix (cache-resident).
+      head_chunk_rows: rows of the head's blocks (its one-row product is fused, quant.py).
+      head_blockwise_rows: up to this many rows the head uses its blocks when a float32 table
+        also exists (beyond it the float32 GEMM); without a float32 table, always.
+    """
+
+    name: str
+    int8_head: bool
+    live_counter: bool
+    head_barrier: bool
+    first_token_cond: bool
+    compiler_options: tuple[tuple[str, object], ...] = ()
+    blockwise: bool = False
+    block_bytes: int = 3 << 19  # 1.5 MiB: Gemma gate 512 rows, Qwen gate 256 rows (fits a 2 MiB L2)
+    head_chunk_rows: int = CHUNK_ROWS
+    head_blockwise_rows: int = 0
+
+    def live(self, steps: jax.Array) -> jax.Array | None:
+        """The `live` argument of `Transformer.logits` / `greedy_tokens` inside a loop."""
+        return steps if self.live_counter else None
+
+    def head_input(self, hidden: jax.Array) -> jax.Array:
+        """The hidden states as the head should see them (behind a barrier on CPU)."""
+        return jax.lax.optimization_barrier(hidden) if self.head_barrier else hidden
+
+    @property
+    def options(self) -> dict:
+        """compiler_options as the dict `jax.jit` takes."""
+        return dict(self.compiler_options)
+
+
+CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
+                     compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())),
+                     blockwise=True, head_blockwise_rows=MAX_CHUNKED_ROWS)
+ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
+                             first_token_cond=False)
+
+
+def profile_for(backend: str | None = None) -> BackendProfile:
+    """The profile of `backend` (default: `jax.default_backend()`): CPU's, or the accelerators' one."""
+    return CPU if (backend or jax.default_backend()) == "cpu" else ACCELERATOR

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MANIFEST", "cache_root", "checksum", "discard", "ensure_dir", "ensure_file", "lock", "sweep", "verify",
-           "warn", "write_manifest"]
+__all__ = ["MANIFEST", "cache_root", "checksum", "discard", "ensure_dir", "ensure_file", "file_sha256", "hash_file",
+           "lock", "sweep", "verify", "warn", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = 1
@@ -237,3 +237,51 @@ def ensure_file(target: Path, write: Callable[[Path], None], check: Callable[[Pa
         finally:
             tmp.unlink(missing_ok=True)
     return target
+
+
+def hash_file(path: Path, chunk: int = 1 << 24) -> str:
+    """SHA-256 of a file (hex), read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def remembered_sha256(path: Path) -> str | None:
+    """The SHA-256 remembered for `path` by `file_sha256`, if the file is unchanged since (else None)."""
+    key, stamp = _sha_key(Path(path))
+    hit = _sha_memo().get(key)
+    return hit["sha256"] if isinstance(hit, dict) and hit.get("stamp") == stamp and \
+        isinstance(hit.get("sha256"), str) else None
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, remembered by (path, size, mtime, inode) in ``<cache>/sha256.json``: model files
+    are keyed by it on every start, and hashing costs ~1 s per GB."""
+    if (sha := remembered_sha256(path)) is not None:
+        return sha
+    sha = hash_file(path)
+    key, stamp = _sha_key(Path(path))
+    memo = _sha_memo()
+    memo[key] = {"stamp": stamp, "sha256": sha}
+    memo_file = cache_root() / "sha256.json"
+    with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f".{memo_file.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_file)  # a lost concurrent update costs one hash later, never a torn file
+    return sha
+
+
+def _sha_key(path: Path) -> tuple[str, list[int]]:
+    st = path.stat()
+    return str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _sha_memo() -> dict:
+    try:
+        memo = json.loads((cache_root() / "sha256.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return memo if isinstance(memo, dict) else {}

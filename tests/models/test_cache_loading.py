@@ -18,6 +18,7 @@ from conftest import full_logits
 from test_gguf_loader import gguf_tensors, tiny_weights, write_gguf
 
 import specjax.models.loading as loading
+from specjax.models import artifacts
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.quant import block_quant_from_gguf
 
@@ -108,7 +109,8 @@ def test_damaged_conversion_is_rebuilt_with_one_warning(cache, tiny_gguf, conver
 
 def test_a_warm_cache_converts_nothing_and_reads_no_gguf(cache, tiny_gguf, conversions, monkeypatch):
     loading.load_gguf(tiny_gguf)
-    monkeypatch.setattr(loading, "_hash_file", lambda *a: pytest.fail("the remembered SHA-256 should be used"))
+    for module in (loading, artifacts):
+        monkeypatch.setattr(module, "hash_file", lambda *a: pytest.fail("the remembered SHA-256 should be used"))
     loading.load_gguf(tiny_gguf)
     assert len(conversions) == 1
 
@@ -201,4 +203,4 @@ def test_damaged_embedded_gguf_is_reassembled(cache, capsys):
     assert loading.default_model_path() == path
     err = capsys.readouterr().err
     assert err.startswith(f"warning: the cached embedded GGUF at {path} is unusable: its SHA-256 is ")
-    assert err.count("\n") == 1 and loading._hash_file(path) == EXPECTED_SHA256
+    assert err.count("\n") == 1 and loading.hash_file(path) == EXPECTED_SHA256

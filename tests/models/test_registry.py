@@ -10,7 +10,7 @@ import pytest
 from tiny_gguf import Tiny, write_tiny_gguf
 
 import specjax.models.loading as loading
-from specjax.models import registry
+from specjax.models import artifacts, registry
 from specjax.models.gguf_loader import ModelFileError
 
 QWEN = registry.QWEN_CODER.name
@@ -62,27 +62,29 @@ def test_missing_extra_gives_the_pip_line(spec, monkeypatch, capsys):
     assert capsys.readouterr().err == f"error: {expected}\n"
 
 
-def test_assembles_once_then_trusts_the_stamp(spec, monkeypatch):
+def test_assembles_once_then_trusts_the_remembered_hash(spec, monkeypatch):
     s, whole = spec
     progress = []
     path = registry.resolve(QWEN, progress.append)
     assert path == registry.cache_dir() / s.file_name and path.read_bytes() == whole
     assert any("assembling" in p for p in progress)
-    assert sorted(p.name for p in path.parent.iterdir()) == [s.file_name, s.file_name + ".verified.json"]
+    assert [p.name for p in path.parent.iterdir() if not p.name.endswith(".lock")] == [s.file_name]
 
     def no_hashing(*args):
         raise AssertionError("a verified, unchanged file must not be hashed again")
 
-    monkeypatch.setattr(registry, "_sha256", no_hashing)
+    monkeypatch.setattr(artifacts, "hash_file", no_hashing)
     monkeypatch.setattr(registry.hashlib, "sha256", no_hashing)
     mtime = path.stat().st_mtime_ns
-    assert registry.resolve(QWEN) == path and path.stat().st_mtime_ns == mtime
+    progress.clear()
+    assert registry.resolve(QWEN, progress.append) == path and path.stat().st_mtime_ns == mtime
+    assert progress == []
 
 
 def test_corrupted_assembly_is_detected_and_rebuilt(spec):
     s, whole = spec
     path = registry.resolve(QWEN)
-    path.write_bytes(b"\0" * len(whole))  # same size, new mtime: the stamp no longer matches
+    path.write_bytes(b"\0" * len(whole))  # same size, new mtime: the remembered hash no longer applies
     progress = []
     assert registry.resolve(QWEN, progress.append) == path and path.read_bytes() == whole
     assert any("verifying" in p for p in progress) and any("assembling" in p for p in progress)
@@ -98,7 +100,7 @@ def test_unstamped_good_file_is_hashed_once(spec):
     progress = []
     assert registry.resolve(QWEN, progress.append) == path
     assert any("verifying" in p for p in progress) and not any("assembling" in p for p in progress)
-    assert (path.parent / (s.file_name + ".verified.json")).is_file()
+    assert artifacts.remembered_sha256(path) == s.sha256
 
 
 def test_corrupted_parts_are_refused_and_leave_nothing(spec, tmp_path):
@@ -107,18 +109,19 @@ def test_corrupted_parts_are_refused_and_leave_nothing(spec, tmp_path):
     part.write_bytes(b"x" * len(part.read_bytes()))
     with pytest.raises(ModelFileError, match=f"the assembled parts have sha256 .*expected {s.sha256}"):
         registry.resolve(QWEN)
-    assert not registry.cache_dir().exists() or list(registry.cache_dir().iterdir()) == []
+    assert not registry.cache_dir().exists() or \
+        [p for p in registry.cache_dir().iterdir() if not p.name.endswith(".lock")] == []
     part.write_bytes(b"x")
     with pytest.raises(ModelFileError, match=f"parts hold 1,004 bytes, expected {len(whole):,}"):
         registry.resolve(QWEN)
 
 
-def test_leftover_temporary_of_another_writer_is_harmless(spec):
+def test_leftover_temporary_of_a_dead_writer_is_removed(spec):
     s, whole = spec
     registry.cache_dir().mkdir(parents=True)
-    stale = registry.cache_dir() / f"{s.file_name}.tmp999999"
+    stale = registry.cache_dir() / f"{s.file_name}.tmp{2**22 + 4321}"  # above pid_max's default: no such process
     stale.write_bytes(b"half")
-    assert registry.resolve(QWEN).read_bytes() == whole and stale.read_bytes() == b"half"
+    assert registry.resolve(QWEN).read_bytes() == whole and not stale.exists()
 
 
 def test_load_model_dispatches_names(tmp_path, monkeypatch):

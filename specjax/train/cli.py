@@ -14,13 +14,14 @@ import types
 import typing
 from typing import Any, Optional
 
+from specjax.distributed import DistributedError, initialize, is_primary
 from specjax.models.config import ConfigError
 from specjax.models.gguf_loader import ModelFileError
 from specjax.models.sharding import ShardingError
 from specjax.train.config import TrainConfig, TrainConfigError, from_dict
 
 # Errors that come from the user's options or files, reported as one `error:` line.
-USER_ERRORS = (TrainConfigError, ConfigError, ModelFileError, ShardingError, FileNotFoundError)
+USER_ERRORS = (TrainConfigError, ConfigError, ModelFileError, ShardingError, FileNotFoundError, DistributedError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +31,13 @@ class CommandOptions:
     Attributes:
       check: only run the abstract check (`abstract.abstract_check`): shapes, shardings and one
         traced step on the current devices; nothing is allocated or trained.
+      distributed: this process is one of a multi-process job (one per host: TPU slice, GPU
+        cluster): join the others first (`specjax.distributed.initialize`, docs/multihost.md); the
+        mesh then spans every process's devices and process 0 alone writes metrics.
     """
 
     check: bool = False
+    distributed: bool = False
 
 
 def _schema_type(tp):
@@ -95,6 +100,8 @@ def run(raw: dict[str, Any]) -> int:
     """Runs the command on a composed config; returns the exit code (2 for bad options or files)."""
     try:
         cfg, opts = config_from_container(raw)
+        if opts.distributed:
+            initialize()  # before any other JAX call
         if opts.check:
             from specjax.train.abstract import abstract_check
 
@@ -112,6 +119,8 @@ def run(raw: dict[str, Any]) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.distributed and not is_primary():
+        return 0
     dev = " ".join(f"{k}={v:.4g}" for k, v in result.dev.items())
     print(f"done: {cfg.steps} steps of {cfg.task.kind}; dev {dev}; checkpoints in {result.out_dir}", file=sys.stderr)
     return 0

@@ -22,12 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
 from specjax.decode.generate import Completion, GenerateConfig
 from specjax.decode.spec.config import SpecConfig
 from specjax.decode.spec.driver import SpeculativeGenerator
+from specjax.models.sharding import to_host
 from specjax.train.config import TrainConfig
 from specjax.train.data import Document
 from specjax.train.task import Task
@@ -118,7 +118,7 @@ class DevTau:
         # Host copies: the trainer's arrays live on its mesh, the decode program on the target's device.
         # Of the frozen arrays only a draft model's untrained rest belongs to the module (not the target).
         needed = {k: v for k, v in frozen.items() if k == "draft_rest"}
-        module = task_module(self.task, jax.device_get(params), jax.device_get(needed))
+        module = task_module(self.task, to_host(params), to_host(needed))
         drafter, draft_params, depth = build_run_drafter(self.task.kind, module, self.model,
                                                          self.task.meta.get("vocab_ids"), self.k)
         if self.gen is None:

@@ -137,7 +137,7 @@ def evaluate(eval_fn, params, frozen, rows: PackedRows, cfg: TrainConfig, mesh) 
     total: dict[str, float] = {}
     sh = NamedSharding(mesh, PartitionSpec(sharding.DATA))
     for b in dev_batches(rows, micro, cfg.eval_batches):
-        sums = jax.device_get(eval_fn(params, frozen, sharding.shard_state(b, sh)))
+        sums = sharding.to_host(eval_fn(params, frozen, sharding.shard_state(b, sh)))
         for k, v in sums.items():
             total[k] = total.get(k, 0.0) + float(v)
     n = max(total.pop("tokens", 0.0), 1.0)
@@ -161,7 +161,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
     t_start = time.perf_counter()
     out = Path(cfg.out_dir)
     mesh = make_run_mesh(cfg)
-    log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard)
+    log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard, writer=jax.process_index() == 0)
     prep = prepare_run(cfg, target, tokenizer, log.message)
     train_rows, dev_rows, task = prep.train_rows, prep.dev_rows, prep.task
     dev_tau = DevTau(cfg, prep.target.model, task, prep.dev_prompts) if cfg.tau_every and prep.dev_prompts else None
@@ -177,7 +177,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
         state, meta = ckpt.restore(abstract)
         data_pos = int(meta["data_pos"])
         log.message(f"resumed from {out / 'ckpt'} at step {int(state.step)} (data position {data_pos})")
-    start = int(jax.device_get(state.step))
+    start = int(sharding.to_host(state.step))
     log.rewind(start)
     batch_sh = step_batch_sharding(mesh)
     order = BatchOrder(train_rows, cfg.batch_size, cfg.optim.accum_steps, cfg.seed)
@@ -189,7 +189,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
             t0 = time.perf_counter()
             state, m = step_fn(state, frozen, sharding.shard_state(order.batch(data_pos), batch_sh))
             data_pos += 1
-            m = jax.device_get(m)
+            m = sharding.to_host(m)
             now = time.perf_counter()
             if not bool(m["finite"]):
                 ckpt.wait()

@@ -228,6 +228,41 @@ def _cli_worker(out_dir: Path) -> dict:
     return {"exit_code": code, "one_device": [c.tokens for c in ref]}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
+def test_train_cli_distributed_true_logs_like_one_process_and_writes_once(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "train"))
+    from tiny_runs import tiny_run
+
+    from specjax.train.config import MeshConfig
+    from specjax.train.trainer import train
+
+    reports = launch("train_cli", tmp_path, N_PROCESSES, timeout=LAUNCH_TIMEOUT)
+    assert [r["exit_code"] for r in reports] == [0, 0]
+    assert [(r["process"], r["processes"], r["devices"]) for r in reports] == [(0, 2, 8), (1, 2, 8)]
+    run_dir = tmp_path / "run"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # written once, by process 0
+    assert (run_dir / "ckpt" / "3").is_dir()
+    logs = [(tmp_path / f"train_cli-2p-{i}.log").read_text() for i in range(N_PROCESSES)]
+    assert "done: 3 steps" in logs[0] and "done:" not in logs[1]
+    # The same run in this process on one device: the same losses (FSDP over 8 devices of two processes
+    # only reorders the reductions).
+    ref = train(tiny_run(tmp_path / "ref", "draft", steps=3, mesh=MeshConfig(1, 1)))
+    ref_loss = [h["loss"] for h in ref.history if "loss" in h]
+    np.testing.assert_allclose([r["loss"] for r in rows], ref_loss, rtol=1e-4)
+
+
+def _train_cli_worker(out_dir: Path) -> dict:
+    from tiny_runs import tiny_run
+
+    from specjax.train.cli import run
+    from specjax.train.config import MeshConfig, to_dict
+
+    cfg = tiny_run(out_dir / "run", "draft", steps=3, mesh=MeshConfig(8, 1))
+    return {"exit_code": run({**to_dict(cfg), "distributed": True})}
+
+
 def _train_step(cfg, task, batch, mesh) -> tuple[list[np.ndarray], float, int, int]:
     """One sharded train step on `mesh`: (its parameters and optimizer state on the host, loss, number of
     parameters split over 'data', devices holding the parameters)."""
@@ -271,13 +306,14 @@ def _train_worker(out_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] != "cli":  # the CLI joins the processes itself (distributed=true)
+    if sys.argv[1] not in ("cli", "train_cli"):  # the CLIs join the processes themselves (distributed=true)
         from specjax.distributed import initialize
 
         initialize()
     import jax
 
-    result = {"decode": _decode_worker, "cli": _cli_worker, "train": _train_worker}[sys.argv[1]](Path(sys.argv[2]))
+    workers = {"decode": _decode_worker, "cli": _cli_worker, "train": _train_worker, "train_cli": _train_cli_worker}
+    result = workers[sys.argv[1]](Path(sys.argv[2]))
     result.update(process=jax.process_index(), processes=jax.process_count(), devices=len(jax.devices()),
                   local_devices=len(jax.local_devices()))
     print(json.dumps(result))

@@ -51,6 +51,9 @@ class BackendProfile:
       head_chunk_rows: rows of the head's blocks (its one-row product is fused, quant.py).
       head_blockwise_rows: up to this many rows the head uses its blocks when a float32 table
         also exists (beyond it the float32 GEMM); without a float32 table, always.
+      prefill_chunk: longest block of prompt tokens one prefill step runs (longer prompts go in
+        blocks: attention memory grows with block x slots, not prompt²). Accelerators take larger
+        blocks (more parallel work per step, more memory).
     """
 
     name: str
@@ -63,6 +66,7 @@ class BackendProfile:
     block_bytes: int = 3 << 19  # 1.5 MiB: Gemma gate 512 rows, Qwen gate 256 rows (fits a 2 MiB L2)
     head_chunk_rows: int = CHUNK_ROWS
     head_blockwise_rows: int = 0
+    prefill_chunk: int = 2048
 
     def live(self, steps: jax.Array) -> jax.Array | None:
         """The `live` argument of `Transformer.logits` / `greedy_tokens` inside a loop."""
@@ -80,7 +84,7 @@ class BackendProfile:
 
 CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
                      compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())),
-                     blockwise=True, head_blockwise_rows=MAX_CHUNKED_ROWS)
+                     blockwise=True, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512)
 ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
                              first_token_cond=False)
 

@@ -68,7 +68,7 @@ def speculative_program(
     """
     model = nnx.merge(graphdef, params)
     prompt_bt, len_b, active_b, grammar = inputs.prompt_bt, inputs.len_b, inputs.active_b, inputs.grammar
-    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b)
+    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b, profile.prefill_chunk)
     key, sub = jax.random.split(inputs.key)
     # The first token comes from the prefill, exactly as in the plain loop.
     first_logits_bv = model.logits(last_hidden_b1d)[:, 0]

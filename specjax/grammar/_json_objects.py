@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar import regex as rx
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import _pointer, _trie, json_string_terminal, lark_literal
+from specjax.grammar._regex_fsm import TooLarge, key_region_rules
+
+_MAX_PATTERNS = 6  # patternProperties per object with extra keys: 2**n key regions are intersected
+_KEY_CHARS = ((0x20, 0x7E),)  # extra keys next to patternProperties: printable ASCII (see _pattern_tail)
 
 
 class ObjectEmitter:
@@ -18,38 +23,42 @@ class ObjectEmitter:
         if not isinstance(props, dict) or not isinstance(required, list):
             raise SchemaError("properties", path, "properties must be an object and required an array")
         extra = node.get("additionalProperties", True)
-        members = []  # (name, schema, schema path, required)
+        patterns = node.get("patternProperties", {})
+        if not isinstance(patterns, dict):
+            raise SchemaError("patternProperties", path, "must be an object (pattern → schema)")
+        members = []  # (name, schema, schema path, required, memo key)
         for name, sub in props.items():
             if sub is False:
                 if name in required:
                     raise EmptySchemaError("required", path, f"property {name!r} is required but its schema is false")
                 continue
-            members.append((name, sub, f"{path}/properties/{_pointer(name)}", name in required))
+            members.append((name, *self._matched(name, sub, f"{path}/properties/{_pointer(name)}", patterns),
+                            name in required))
         for name in dict.fromkeys(required):
             if name not in props:
-                if extra is False:
+                if extra is False and not any(logic._search(p, name) for p in patterns):
                     raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
                                                         "additionalProperties is false (empty language)")
-                members.append((name, extra, f"{path}/additionalProperties", True))
+                members.append((name, *self._matched(name, None if patterns else extra, f"{path}/additionalProperties",
+                                                     patterns, extra), True))
+        members = [(n, s, p, req, key) for n, s, key, p, req in members]
+        extras = not self.c.options.strict_objects and (extra is not False or bool(patterns))
         if "propertyNames" in node:
-            members = self._named_members(node, path, members, extra)
+            members = self._named_members(node, path, members, extras)
         pairs, names = [], []
-        for n, s, p, req in members:
+        for n, s, p, req, key in members:
             try:
-                pairs.append((self._pair(logic.canonical(n), s, p), req))
+                pairs.append((self._pair(logic.canonical(n), s, p, key), req))
                 names.append(n)
             except EmptySchemaError:
                 if req:
                     raise
                 # an optional property whose schema nothing satisfies can only be absent (exact)
         tail = None
-        if extra is not False and not self.c.options.strict_objects:
-            key = self._key_not_in([n for n, *_ in members] + list(props))
-            try:
-                value = self.c.rule(extra, f"{path}/additionalProperties")
-                tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
-            except EmptySchemaError:
-                tail = None
+        if extras:
+            listed = [n for n, *_ in members] + list(props)
+            tail = self._pattern_tail(extra, patterns, listed, path) if patterns else \
+                self._extra_tail(extra, listed, path)
         count = self._property_counts(node, path)
         deps = self._dependencies(node, path, names, tail is not None)
         body = self._members(pairs, tail, path) if count == (0, None) and not deps else \
@@ -57,8 +66,73 @@ class ObjectEmitter:
         w = self.c.ws
         return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
 
-    def _pair(self, key_json: str, sub, spath: str) -> str:
-        return f'{lark_literal(key_json)}{self.c.ws} ":"{self.c.ws} {self.c.rule(sub, spath)}'
+    def _matched(self, name: str, sub, spath: str, patterns: dict, extra=True) -> tuple:
+        """(schema, memo key, schema path) of a listed name: its own schema (None: none, so additionalProperties
+        unless a pattern matches) and the schemas of the patterns that match it (as validators match: re.search)."""
+        matching = [p for p in patterns if logic._search(p, name)]
+        if not matching:
+            return (extra if sub is None else sub), None, spath
+        parts = ([] if sub is None else [sub]) + [patterns[p] for p in matching]
+        return {"allOf": parts}, f"{spath}|patternProperties|{name}", spath
+
+    def _extra_tail(self, extra, listed: list[str], path: str) -> str | None:
+        key = self._key_not_in(listed)
+        try:
+            value = self.c.rule(extra, f"{path}/additionalProperties")
+        except EmptySchemaError:
+            return None
+        return self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
+
+    def _pattern_tail(self, extra, patterns: dict, listed: list[str], path: str) -> str | None:
+        """Extra members next to patternProperties: one key language per set of matching patterns (regex
+        intersection and difference on DFAs), its value the allOf of their schemas (none: additionalProperties).
+
+        Extra keys are printable ASCII: there ECMA-262, Python's re (the validators') and the regex front-end
+        agree on every class (``\\d``, ``\\w``, ``\\s``, ``.``, ``$``), so a key's region is the validator's.
+        """
+        if len(patterns) > _MAX_PATTERNS:
+            raise SchemaError("patternProperties", path, f"{len(patterns)} patterns (compiled up to {_MAX_PATTERNS}: "
+                                                         "one key language per subset); pass strict_objects")
+        regex = {}
+        for p in patterns:
+            try:
+                regex[p] = rx.translate(p, cs.class_text, search=True)
+            except rx.RegexError as e:
+                raise SchemaError("patternProperties", f"{path}/patternProperties/{_pointer(p)}", str(e)) from None
+        ps, w, alts = list(patterns), self.c.ws, []
+        for subset in range(1 << len(ps)):
+            inside = [p for i, p in enumerate(ps) if subset >> i & 1]
+            if not inside and extra is False:
+                continue
+            spath = f"{path}/patternProperties/{_pointer(inside[0])}" if inside else f"{path}/additionalProperties"
+            schema = extra if not inside else patterns[inside[0]] if len(inside) == 1 else \
+                {"allOf": [patterns[p] for p in inside]}
+            name = self.c._new_name(f"{path}/key")
+            try:
+                while True:
+                    rules = key_region_rules([regex[p] for p in inside], [regex[p] for p in ps if p not in inside],
+                                             listed, name, _KEY_CHARS)
+                    if not any(r in self.c.rules for r in rules):
+                        break
+                    name = self.c._new_name(f"{path}/key/{len(self.c.rules)}")  # "{name}_{q}_0" was taken
+            except TooLarge as e:
+                raise SchemaError("patternProperties", path, f"the keys of one pattern region need {e}; pass "
+                                                             "strict_objects") from None
+            if not rules:
+                continue
+            self.c.rules.update(rules)
+            self.c.rules[name] = f"{name}_s"  # reserves the name
+            try:
+                value = self.c.rule(schema, spath, key=None if len(inside) < 2 else f"{spath}|{subset}")
+            except EmptySchemaError:  # keys of this region cannot appear (exact)
+                for r in [*rules, name]:
+                    del self.c.rules[r]
+                continue
+            alts.append(f'{name}{w} ":"{w} {value}')
+        return self.c.rule_text(f"{path}/extra", " | ".join(alts)) if alts else None
+
+    def _pair(self, key_json: str, sub, spath: str, key: str | None = None) -> str:
+        return f'{lark_literal(key_json)}{self.c.ws} ":"{self.c.ws} {self.c.rule(sub, spath, key)}'
 
     def _members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str) -> str:
         """Members in schema order; optional ones may be skipped; commas only between present ones."""
@@ -82,12 +156,12 @@ class ObjectEmitter:
             first = self._fresh(path, "members", first)
         return first
 
-    def _named_members(self, node: dict, path: str, members: list, extra) -> list:
+    def _named_members(self, node: dict, path: str, members: list, extras: bool) -> list:
         """propertyNames: a listed name it refuses can only be absent; extra keys would need the intersection
         of two regular languages in the key terminal, so they must be off (strict_objects or
         additionalProperties false)."""
         names = node["propertyNames"]
-        if extra is not False and not self.c.options.strict_objects and names is not True:
+        if extras and names is not True:
             raise SchemaError("propertyNames", path, "key constraints on extra keys are not compiled (pass "
                               "strict_objects, or set additionalProperties false)")
         kept = []

@@ -39,7 +39,34 @@ def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pai
     Returns {} when the intersection is empty; the start rule is `{name}_s`. The rule bodies use
     JSON-encoded character classes (the strings are JSON string contents).
     """
-    fsm = interegular.parse_pattern(regex).to_fsm().reduce()
+    return fsm_rules(interegular.parse_pattern(regex).to_fsm().reduce(), lo, hi, name, max_pairs)
+
+
+def key_region_rules(inside: list[str], outside: list[str], names: list[str], name: str, chars=cs.ANY,
+                     max_pairs: int = 10000) -> dict[str, str]:
+    """Rules for the strings in every regex of ``inside``, in none of ``outside``, and not one of ``names``: the
+    keys of one patternProperties region, written as JSON strings (canonical encoding, quotes included).
+
+    Regexes are over the decoded characters (``translate(..., cs.class_text, search=True)``: full match, search
+    semantics written into them), keys made of ``chars``. Returns {} for an empty region; the start rule is
+    ``{name}_s``. Raises TooLarge past ``max_pairs`` DFA states.
+    """
+    fsm = interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm()
+    for regex in inside:
+        fsm = fsm & interegular.parse_pattern(regex).to_fsm()
+    for regex in outside:
+        fsm = fsm - interegular.parse_pattern(regex).to_fsm()
+        if len(fsm.states) > max_pairs:
+            raise TooLarge(f"more than {max_pairs} automaton states")
+    if names:
+        listed = "|".join("".join(cs.class_text(cs.of_chars(ch)) for ch in n) or "(?:)" for n in names)
+        fsm = fsm - interegular.parse_pattern(listed).to_fsm()
+    fsm = fsm.reduce()
+    return {} if fsm.empty() else fsm_rules(fsm, 0, None, name, max_pairs)
+
+
+def fsm_rules(fsm, lo: int, hi: int | None, name: str, max_pairs: int = 10000) -> dict[str, str]:
+    """Right-linear rules for the strings of an interegular DFA with lo <= length <= hi (see length_bounded_rules)."""
     symbols = _symbol_sets(fsm)
     cap = hi if hi is not None else lo  # without a maximum the counter saturates at lo
     # alive[(q, n)]: some accepted string continues from state q having read n (capped) characters.
@@ -68,14 +95,16 @@ def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pai
     while todo:
         q, n = todo.pop()
         nxt = n + 1 if n < cap else (None if hi is not None else n)
-        alts = []
+        by_target: dict = {}  # one terminal per target: fewer, larger classes
         if nxt is not None:
-            for symbol, target in sorted(fsm.map.get(q, {}).items(), key=lambda kv: str(kv[0])):
+            for symbol, target in fsm.map.get(q, {}).items():
                 if alive.get((target, nxt)) and symbols[symbol]:
-                    alts.append(f"/{cs.json_class_text(symbols[symbol])}/ {name}_{target}_{nxt}")
+                    by_target[target] = cs.union(by_target.get(target, ()), symbols[symbol])
                     if (target, nxt) not in seen:
                         seen.add((target, nxt))
                         todo.append((target, nxt))
+        alts = [f"/{cs.json_class_text(chars)}/ {name}_{target}_{nxt}"
+                for target, chars in sorted(by_target.items(), key=lambda kv: str(kv[0]))]
         if len(seen) > max_pairs:
             raise TooLarge(f"more than {max_pairs} automaton states")
         body = " | ".join(alts)

@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from lark.load_grammar import load_grammar
-
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
 
@@ -30,7 +29,6 @@ __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 _MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
 _REFUSAL_WHY = {
-    "patternProperties": "keys matching a pattern would need regex intersection and complement with the other keys",
     "propertyNames": "key constraints are not compiled",
     "not": "complement of a context-free language is not a grammar",
     "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
@@ -96,21 +94,6 @@ def draft_of(schema) -> int:
     return 2020
 
 
-def _productive(text: str) -> bool:
-    """Whether the grammar's start rule derives some finite string (lark's own grammar loader, BNF)."""
-    grammar, _ = load_grammar(text, "<json-schema>", [], False)
-    _, rules, _ = grammar.compile(["start"], set())
-    done: set[str] = set()
-    changed = True
-    while changed and "start" not in done:
-        changed = False
-        for rule in rules:
-            if rule.origin.name not in done and all(s.is_term or s.name in done for s in rule.expansion):
-                done.add(rule.origin.name)
-                changed = True
-    return "start" in done
-
-
 class _Compiler:
     """Walks the schema, writing one Lark rule per schema location (memoized: $ref cycles recurse)."""
 
@@ -137,7 +120,7 @@ class _Compiler:
         if self.ws_terminal:
             lines.append(self.ws_terminal)
         text = "\n".join(lines) + "\n"
-        if self.has_refs and not _productive(text):
+        if self.has_refs and "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
             raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
                                                 "references (empty language)")
         return text

@@ -1,0 +1,96 @@
+"""JSON Schema keywords compiled by case analysis: patternProperties (key regions by DFA intersection and
+difference). Sampled outputs validate with `jsonschema`; every instance of a bounded universe parses exactly
+when `jsonschema` accepts it (canonical property order)."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_json_schema import _dump, _parser, _parses, _validator
+
+from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
+from specjax.grammar.sample import LarkSampler
+
+PATTERN_SCHEMAS = {
+    "prefix_and_suffix": {"type": "object", "properties": {"x-a": {"type": "integer"}, "b": {"type": "string"}},
+                          "patternProperties": {"^x-": {"type": ["boolean", "integer"]},
+                                                "id$": {"type": "integer", "minimum": 0}},
+                          "additionalProperties": {"type": "null"}},
+    "closed": {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}, "required": ["abc"],
+               "additionalProperties": False},
+    "overlapping": {"type": "object", "patternProperties": {"a": {"type": "integer", "maximum": 5},
+                                                            "b": {"type": "integer", "minimum": 2}},
+                    "additionalProperties": {"type": "string"}, "maxProperties": 3},
+    "digits_draft7": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+                      "properties": {"12": {"type": "boolean"}},
+                      "patternProperties": {r"^\d+$": {"type": "string"}, r"^\w\.": False}},
+    "false_pattern": {"type": "object", "patternProperties": {"^_": False},
+                      "properties": {"_x": {"type": "integer"}, "y": {"type": "integer"}}},
+}
+# keys every schema above may meet: listed names, keys in one or two pattern regions, keys in none
+KEYS = ["x-a", "b", "x-", "x-id", "id", "abc", "ab", "ba", "a b", "ZZ", "12", "7", "1a", "a.", "_x", "y", "_", "",
+        'q"', "c\\"]
+VALUES = [0, 3, 7, -1, "s", True, None, 1.5]
+
+
+def _order(schema: dict):
+    listed = list(schema.get("properties", {})) + [n for n in schema.get("required", [])
+                                                   if n not in schema.get("properties", {})]
+    return lambda k: (listed.index(k) if k in listed else len(listed), k)
+
+
+@pytest.mark.parametrize("name", sorted(PATTERN_SCHEMAS))
+def test_pattern_properties_samples_validate(name):
+    schema = PATTERN_SCHEMAS[name]
+    text = json_schema_to_lark(schema)
+    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(5)
+    for _ in range(40):
+        s = sampler.sample(rng)
+        check.validate(json.loads(s))
+        assert _parses(parser, s), s
+
+
+@pytest.mark.parametrize("name", sorted(PATTERN_SCHEMAS))
+@settings(max_examples=60, deadline=timedelta(seconds=20), suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_pattern_properties_accept_exactly_the_valid_objects(name, data):
+    schema = PATTERN_SCHEMAS[name]
+    keys = data.draw(st.lists(st.sampled_from(KEYS) | st.text(st.characters(min_codepoint=32, max_codepoint=126),
+                                                               max_size=4), max_size=4, unique=True))
+    doc = {k: data.draw(st.sampled_from(VALUES)) for k in sorted(keys, key=_order(schema))}
+    text = _dump(doc)
+    assert _parses(_cached(name), text) == _validator(schema).is_valid(doc), text
+
+
+_PARSERS: dict = {}
+
+
+def _cached(name: str):
+    if name not in _PARSERS:
+        _PARSERS[name] = _parser(json_schema_to_lark(PATTERN_SCHEMAS[name]))
+    return _PARSERS[name]
+
+
+def test_pattern_properties_with_strict_objects_constrain_listed_names_only():
+    schema = PATTERN_SCHEMAS["prefix_and_suffix"]
+    parser = _parser(json_schema_to_lark(schema, JsonSchemaOptions(strict_objects=True)))
+    assert _parses(parser, '{"x-a":3,"b":"s"}')
+    assert not _parses(parser, '{"x-a":true}')  # x-a: integer (properties) and boolean|integer (pattern)
+    assert not _parses(parser, '{"x-b":true}')  # no extra keys at all
+
+
+def test_pattern_properties_refusals_name_keyword_and_path():
+    many = {f"^p{i}": {"type": "integer"} for i in range(7)}
+    with pytest.raises(SchemaError, match=r"'patternProperties' at #/properties/o: 7 patterns.*strict_objects"):
+        json_schema_to_lark({"properties": {"o": {"type": "object", "patternProperties": many}}})
+    assert json_schema_to_lark({"type": "object", "patternProperties": many}, JsonSchemaOptions(strict_objects=True))
+    with pytest.raises(SchemaError, match=r"'patternProperties' at #/patternProperties/\(\?=a\)"):
+        json_schema_to_lark({"type": "object", "patternProperties": {"(?=a)": {}}})
+    with pytest.raises(SchemaError, match="'propertyNames' at #"):
+        json_schema_to_lark({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False,
+                             "propertyNames": {"maxLength": 3}})

@@ -107,29 +107,36 @@ class ObjectEmitter:
             spath = f"{path}/patternProperties/{_pointer(inside[0])}" if inside else f"{path}/additionalProperties"
             schema = extra if not inside else patterns[inside[0]] if len(inside) == 1 else \
                 {"allOf": [patterns[p] for p in inside]}
-            name = self.c._new_name(f"{path}/key")
             try:
-                while True:
-                    rules = key_region_rules([regex[p] for p in inside], [regex[p] for p in ps if p not in inside],
-                                             listed, name, _KEY_CHARS)
-                    if not any(r in self.c.rules for r in rules):
-                        break
-                    name = self.c._new_name(f"{path}/key/{len(self.c.rules)}")  # "{name}_{q}_0" was taken
+                name, added = self._add_rules(f"{path}/key", lambda n, inside=inside: key_region_rules(
+                    [regex[p] for p in inside], [regex[p] for p in ps if p not in inside], listed, n, _KEY_CHARS))
             except TooLarge as e:
                 raise SchemaError("patternProperties", path, f"the keys of one pattern region need {e}; pass "
                                                              "strict_objects") from None
-            if not rules:
+            if name is None:
                 continue
-            self.c.rules.update(rules)
-            self.c.rules[name] = f"{name}_s"  # reserves the name
             try:
                 value = self.c.rule(schema, spath, key=None if len(inside) < 2 else f"{spath}|{subset}")
             except EmptySchemaError:  # keys of this region cannot appear (exact)
-                for r in [*rules, name]:
+                for r in added:
                     del self.c.rules[r]
                 continue
             alts.append(f'{name}{w} ":"{w} {value}')
         return self.c.rule_text(f"{path}/extra", " | ".join(alts)) if alts else None
+
+    def _add_rules(self, path: str, make) -> tuple[str | None, list[str]]:
+        """Adds the rules ``make(name)`` writes (``{name}_s`` its start; {} when empty) under a fresh name; returns
+        the name (None when empty) and the rule names added."""
+        name = self.c._new_name(path)
+        rules = make(name)
+        while any(r in self.c.rules for r in rules):  # "{name}_{q}_0" met another rule's name
+            name = self.c._new_name(f"{path}/{len(self.c.rules)}")
+            rules = make(name)
+        if not rules:
+            return None, []
+        self.c.rules.update(rules)
+        self.c.rules[name] = f"{name}_s"  # reserves the name
+        return name, [*rules, name]
 
     def _pair(self, key_json: str, sub, spath: str, key: str | None = None) -> str:
         return f'{lark_literal(key_json)}{self.c.ws} ":"{self.c.ws} {self.c.rule(sub, spath, key)}'

@@ -24,12 +24,11 @@ SUPPORTED = frozenset({
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
     "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "propertyNames",
-    "patternProperties",
+    "patternProperties", "not", "if", "then", "else",
 })
 # Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
 REFUSED = frozenset({
-    "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains",
+    "dependentSchemas", "contains", "minContains", "maxContains",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
     "divisibleBy",
 })

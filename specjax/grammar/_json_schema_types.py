@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
+from specjax.grammar._json_conditions import leaf_not
 from specjax.grammar._json_formats import FORMATS
 from specjax.grammar._json_objects import ObjectEmitter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
@@ -18,7 +20,7 @@ from specjax.grammar._json_text import (
     json_string_terminal,
     lark_literal,
 )
-from specjax.grammar._regex_fsm import TooLarge, length_bounded_rules
+from specjax.grammar._regex_fsm import TooLarge, key_region_rules, length_bounded_rules, raw_minus_rules
 from specjax.grammar._regex_ranges import int_range, number_range
 
 
@@ -33,19 +35,33 @@ class TypeEmitter(ObjectEmitter):
         return f'{self.c.ws} ","{self.c.ws}'
 
     def typed(self, node: dict, path: str) -> str:
+        node, excluded = leaf_not(node, path)  # not {type} / not {enum}: fewer types, or values to leave out
         types = logic.type_set(node, path)
         if "enum" in node or "const" in node:
             return self.values(node, path)
         alts = []
-        if "null" in types:
+        if "null" in types and "null" not in excluded:
             alts.append('"null"')
         if "boolean" in types:
-            alts.append('"true" | "false"')
+            alts += [f'"{b}"' for b in ("true", "false") if b not in excluded]
         for kind, emit in (("object", self.object), ("array", self.array), ("string", self.string)):
             if kind in types:
-                alts.append(emit(node, path))
+                if any(t[0] == {"object": "{", "array": "[", "string": '"'}[kind] for t in excluded):
+                    if kind != "string":
+                        raise SchemaError("not", path, f"excluding {kind} values is not compiled (only null, booleans "
+                                                       "and strings)")
+                    alts.append(self.string_except(node, path, [json.loads(t) for t in excluded if t[0] == '"']))
+                else:
+                    alts.append(emit(node, path))
         if "integer" in types:
-            alts.append(self.number(node, path, integer="number" not in types))
+            numbers = [t for t in excluded if t[0] in "-0123456789"]
+            if numbers and "number" in types:  # 1.0, 1e0, ... all equal 1: only integers have one spelling
+                raise SchemaError("not", path, "excluding numbers is not compiled (only integers, null, booleans and "
+                                               "strings)")
+            text = self.number(node, path, integer="number" not in types)
+            if numbers and text is not None:  # an integer range: its regex minus the listed texts
+                text = self._add_rules(f"{path}/integer", lambda n: raw_minus_rules(text[1:-1], numbers, n))[0]
+            alts.append(text)
         alts = [a for a in alts if a]
         if not alts:
             raise EmptySchemaError("type", path, "no value satisfies the schema (empty language)")
@@ -170,6 +186,16 @@ class TypeEmitter(ObjectEmitter):
         if b is not None and a > b:
             return None
         return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
+
+    def string_except(self, node: dict, path: str, values: list[str]) -> str | None:
+        """Strings of the node other than ``values`` (``not {enum}``): the pattern's DFA minus the values."""
+        if any(k in node for k in ("minLength", "maxLength", "format")):
+            raise SchemaError("not", path, "excluding strings next to minLength/maxLength/format is not compiled")
+        try:
+            inside = [rx.translate(node["pattern"], cs.class_text, search=True)] if "pattern" in node else []
+        except rx.RegexError as e:
+            raise SchemaError("pattern", path, str(e)) from None
+        return self._add_rules(f"{path}/string", lambda n: key_region_rules(inside, [], values, n, cs.ANY))[0]
 
     def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
         """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""

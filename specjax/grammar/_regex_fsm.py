@@ -65,8 +65,20 @@ def key_region_rules(inside: list[str], outside: list[str], names: list[str], na
     return {} if fsm.empty() else fsm_rules(fsm, 0, None, name, max_pairs)
 
 
-def fsm_rules(fsm, lo: int, hi: int | None, name: str, max_pairs: int = 10000) -> dict[str, str]:
-    """Right-linear rules for the strings of an interegular DFA with lo <= length <= hi (see length_bounded_rules)."""
+def raw_minus_rules(regex: str, texts: list[str], name: str, max_pairs: int = 10000) -> dict[str, str]:
+    """Rules for the strings of a terminal regex (raw text, e.g. an integer range) other than ``texts``;
+    start rule ``{name}_s``, {} when empty."""
+    fsm = interegular.parse_pattern(regex).to_fsm()
+    if texts:
+        fsm = fsm - interegular.parse_pattern("|".join(cs.escape_text(t) for t in texts)).to_fsm()
+    fsm = fsm.reduce()
+    return {} if fsm.empty() else fsm_rules(fsm, 0, None, name, max_pairs, cs.class_text, quoted=False)
+
+
+def fsm_rules(fsm, lo: int, hi: int | None, name: str, max_pairs: int = 10000, render=cs.json_class_text,
+              quoted: bool = True) -> dict[str, str]:
+    """Right-linear rules for the strings of an interegular DFA with lo <= length <= hi (see length_bounded_rules);
+    ``render`` writes one symbol's characters (JSON-encoded by default), ``quoted`` puts the text in quotes."""
     symbols = _symbol_sets(fsm)
     cap = hi if hi is not None else lo  # without a maximum the counter saturates at lo
     # alive[(q, n)]: some accepted string continues from state q having read n (capped) characters.
@@ -103,12 +115,12 @@ def fsm_rules(fsm, lo: int, hi: int | None, name: str, max_pairs: int = 10000) -
                     if (target, nxt) not in seen:
                         seen.add((target, nxt))
                         todo.append((target, nxt))
-        alts = [f"/{cs.json_class_text(chars)}/ {name}_{target}_{nxt}"
+        alts = [f"/{render(chars)}/ {name}_{target}_{nxt}"
                 for target, chars in sorted(by_target.items(), key=lambda kv: str(kv[0]))]
         if len(seen) > max_pairs:
             raise TooLarge(f"more than {max_pairs} automaton states")
         body = " | ".join(alts)
         final = q in fsm.finals and n >= lo
         rules[f"{name}_{q}_{n}"] = (f"({body})?" if final else body) if body else ""
-    rules[f"{name}_s"] = f'"\\"" {name}_{fsm.initial}_0 "\\""'
+    rules[f"{name}_s"] = f'"\\"" {name}_{fsm.initial}_0 "\\""' if quoted else f"{name}_{fsm.initial}_0"
     return rules

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from specjax.grammar import _charsets as cs
+from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
@@ -30,9 +31,6 @@ _MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
 _REFUSAL_WHY = {
     "propertyNames": "key constraints are not compiled",
-    "not": "complement of a context-free language is not a grammar",
-    "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
-    "else": "conditional schemas are not compiled",
     "contains": "counting matching items is not compiled",
     "uniqueItems": "item uniqueness is not context-free",
 }
@@ -202,6 +200,11 @@ class _Compiler:
             # properties (allOf [{$ref: self}, …]) becomes a recursive rule instead of unrolling.
             return self.rule(flat, path, key="merged:" + logic.canonical(flat))
         node = flat
+        if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
+            new = conditions.conditional(node, path)
+            return self.rule(new, path, key="if:" + logic.canonical(new))
+        if (new := conditions.split_not(node, path)) is not None:
+            return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):
             if kw in node:
                 return self.alternatives(node, kw, path)

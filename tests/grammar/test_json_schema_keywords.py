@@ -94,3 +94,78 @@ def test_pattern_properties_refusals_name_keyword_and_path():
     with pytest.raises(SchemaError, match="'propertyNames' at #"):
         json_schema_to_lark({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False,
                              "propertyNames": {"maxLength": 3}})
+
+
+# ------------------------------------------------------------------------------------ not, if/then/else
+CASE_SCHEMAS = {
+    "not_enum_strings": {"type": "string", "not": {"enum": ["a", "b", 'q"']}},
+    "not_enum_pattern": {"type": ["string", "null"], "pattern": "^[ab]+$", "not": {"const": "ab"}},
+    "not_type": {"not": {"type": ["string", "object"]}},
+    "not_const_boolean": {"type": ["boolean", "null"], "not": {"const": True}},
+    "not_enum_integers": {"type": ["integer", "null"], "maximum": 20, "not": {"enum": [1, 2.0, -3, None]}},
+    "not_enum_filter": {"enum": [1, 2.0, "x", None], "not": {"enum": [2, None]}},
+    "not_required": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "not": {"required": ["a", "b"]}},
+    "forbidden_property": {"type": "object", "properties": {"a": {"not": {}}, "b": {"type": "integer"}},
+                           "additionalProperties": False},
+    "if_then_else": {"type": "object", "properties": {"k": {"enum": ["x", "y"]}, "v": {}},
+                     "if": {"properties": {"k": {"const": "x"}}, "required": ["k"]},
+                     "then": {"properties": {"v": {"type": "integer"}}, "required": ["v"]},
+                     "else": {"properties": {"v": {"type": "string"}}}},
+    "if_without_else": {"if": {"type": "string"}, "then": {"maxLength": 1}},
+    "if_type_enum": {"properties": {"a": {"type": ["integer", "string"]}},
+                     "if": {"properties": {"a": {"type": "integer", "enum": [1, 2]}}}, "then": {"required": ["b"]},
+                     "else": {"properties": {"b": False}}},
+}
+SCALARS = [None, True, False, 0, 1, 2, -3, 1.5, "", "a", "b", "ab", "ba", 'q"', "x", "y", "zz"]
+CASE_KEYS = ["a", "b", "k", "v", "z"]
+
+
+def _values(depth: int = 1):
+    scalars = st.sampled_from(SCALARS)
+    if depth == 0:
+        return scalars
+    inner = _values(depth - 1)
+    return scalars | st.dictionaries(st.sampled_from(CASE_KEYS), inner, max_size=3) | st.lists(inner, max_size=2)
+
+
+@pytest.mark.parametrize("name", sorted(CASE_SCHEMAS))
+def test_case_split_samples_validate(name):
+    schema = CASE_SCHEMAS[name]
+    text = json_schema_to_lark(schema)
+    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(7)
+    for _ in range(40):
+        s = sampler.sample(rng)
+        check.validate(json.loads(s))
+        assert _parses(parser, s), s
+
+
+@pytest.mark.parametrize("name", sorted(CASE_SCHEMAS))
+@settings(max_examples=80, deadline=timedelta(seconds=20), suppress_health_check=list(HealthCheck))
+@given(value=_values())
+def test_case_split_accepts_exactly_the_valid_values(name, value):
+    schema = CASE_SCHEMAS[name]
+    if isinstance(value, dict):
+        value = {k: value[k] for k in sorted(value, key=_order(schema))}
+    text = _dump(value)
+    assert _parses(_cached_case(name), text) == _validator(schema).is_valid(value), text
+
+
+def _cached_case(name: str):
+    if ("case", name) not in _PARSERS:
+        _PARSERS["case", name] = _parser(json_schema_to_lark(CASE_SCHEMAS[name]))
+    return _PARSERS["case", name]
+
+
+@pytest.mark.parametrize(("schema", "keyword", "path", "why"), [
+    ({"properties": {"a": {"not": {"pattern": "x"}}}}, "not", "#/properties/a/not", "complement of 'pattern'"),
+    ({"type": "number", "not": {"type": "integer"}}, "not", "#", "not integers"),
+    ({"type": "number", "not": {"const": 3}}, "not", "#", "excluding numbers"),
+    ({"type": "string", "maxLength": 3, "not": {"const": "a"}}, "not", "#", "minLength/maxLength/format"),
+    ({"if": {"minimum": 3}, "then": {"type": "integer"}}, "if", "#", "complement of 'minimum'"),
+    ({"not": {"type": "integer"}}, "not", "#", "not integers"),
+])
+def test_case_split_refusals_name_keyword_and_path(schema, keyword, path, why):
+    with pytest.raises(SchemaError) as info:
+        json_schema_to_lark(schema)
+    assert (info.value.keyword, info.value.path) == (keyword, path) and why in info.value.why, str(info.value)

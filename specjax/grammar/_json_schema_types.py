@@ -23,6 +23,8 @@ from specjax.grammar._json_text import (
 from specjax.grammar._regex_fsm import TooLarge, key_region_rules, length_bounded_rules, raw_minus_rules
 from specjax.grammar._regex_ranges import int_range, number_range
 
+_MAX_UNIQUE = 8  # uniqueItems: values of a finite item domain (2**n sets of written values)
+
 
 class TypeEmitter(ObjectEmitter):
     """Writes the Lark expression for each type a node admits; `c` is the owning compiler."""
@@ -88,8 +90,8 @@ class TypeEmitter(ObjectEmitter):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
         _check_count("minItems", path, lo, "items")
-        if node.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise SchemaError("uniqueItems", path, "item uniqueness is not context-free (only with maxItems <= 1)")
+        if node.get("uniqueItems") is True and (hi is None or hi > 1) and not (rest is False and not prefix):
+            return self._unique_array(prefix, rest, rest_path, lo, hi, path)
         for i, p in enumerate(prefix):
             if p is False:
                 hi, prefix = (i if hi is None else min(hi, i)), prefix[:i]
@@ -114,6 +116,57 @@ class TypeEmitter(ObjectEmitter):
         w = self.c.ws
         body = self._items(elems, more, lo, hi, 0, path)
         return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'
+
+    def _unique_array(self, prefix: list, rest, rest_path: str, lo: int, hi: int | None, path: str) -> str | None:
+        """uniqueItems over a finite item domain: one rule per set of values written so far (the set is the
+        state), each continuing with a value not in it; refused beyond _MAX_UNIQUE values."""
+        domain = None if prefix else self._finite_values(rest, rest_path)
+        if domain is None:
+            raise SchemaError("uniqueItems", path, "distinct items are compiled only for a finite item domain (enum, "
+                                                   "const, boolean, null; no prefixItems) or with maxItems <= 1")
+        if len(domain) > _MAX_UNIQUE:
+            raise SchemaError("uniqueItems", path, f"distinct items over {len(domain)} values: the set of values "
+                                                   f"written is automaton state, compiled up to {_MAX_UNIQUE} values")
+        hi = len(domain) if hi is None else min(hi, len(domain))
+        memo: dict[frozenset, str | None] = {}
+
+        def after(used: frozenset) -> str | None:  # the rest of the array once `used` is written
+            if used not in memo:
+                alts = [f"{self.comma} {lark_literal(v)} {after(used | {v}) or ''}".strip()
+                        for v in domain if v not in used and len(used) < hi and after(used | {v}) is not None]
+                end = len(used) >= lo
+                body = " | ".join(f"({a})" for a in alts)
+                memo[used] = None if not alts and not end else "" if not alts else \
+                    self.c.rule_text(f"{path}/unique", f"({body})?" if end else body)
+            return memo[used]
+
+        firsts = [f"{lark_literal(v)} {after(frozenset([v])) or ''}".strip() for v in domain
+                  if hi >= 1 and after(frozenset([v])) is not None]
+        w = self.c.ws
+        alts = [f'"["{w} ({" | ".join(firsts)}){w} "]"'] if firsts else []
+        alts += [f'"["{w} "]"'] if lo == 0 else []
+        return " | ".join(alts) or None
+
+    def _finite_values(self, items, items_path: str) -> list[str] | None:
+        """Canonical texts of every value the item schema admits, when that set is finite and known."""
+        if not isinstance(items, dict):
+            return None
+        node, _ = self.c.flatten(items, items_path)
+        keys = {k for k in node if k not in logic.ANNOTATIONS}
+        if "enum" in keys or "const" in keys:
+            if keys - {"enum", "const", "type"}:
+                return None
+            values = node["enum"] if "enum" in node else [node["const"]]
+            values = [v for v in values if logic.value_ok(v, node, items_path)]
+            if "enum" in node and "const" in node:
+                values = [v for v in values if logic.canonical(v) == logic.canonical(node["const"])]
+            # one text per JSON value: validators compare objects regardless of key order, and 1 equals 1.0
+            unique = {json.dumps(logic._norm(v), sort_keys=True): logic.canonical(logic._norm(v)) for v in values}
+            return list(dict.fromkeys(unique.values()))
+        if keys == {"type"} and logic.type_set(node, items_path) <= {"boolean", "null"}:
+            types = logic.type_set(node, items_path)
+            return [t for t in ("true", "false", "null") if ("null" if t == "null" else "boolean") in types]
+        return None
 
     def _item_schemas(self, node: dict, path: str):
         if self.c.draft >= 2020:

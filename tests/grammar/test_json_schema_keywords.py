@@ -169,3 +169,39 @@ def test_case_split_refusals_name_keyword_and_path(schema, keyword, path, why):
     with pytest.raises(SchemaError) as info:
         json_schema_to_lark(schema)
     assert (info.value.keyword, info.value.path) == (keyword, path) and why in info.value.why, str(info.value)
+
+
+# ------------------------------------------------------------------------------------ uniqueItems
+UNIQUE_SCHEMAS = {
+    "enum": {"type": "array", "items": {"enum": ["a", "b", 1, 1.0, None]}, "uniqueItems": True, "minItems": 1},
+    "booleans": {"type": "array", "items": {"type": ["boolean", "null"]}, "uniqueItems": True, "maxItems": 2},
+    "ref_enum": {"type": "array", "items": {"$ref": "#/$defs/v"}, "uniqueItems": True,
+                 "$defs": {"v": {"type": "string", "enum": ["x", "y", 3, {"k": 1, "j": 2}, {"j": 2, "k": 1}]}}},
+}
+ITEMS = ["a", "b", 1, None, True, False, "x", "y", 3, {"k": 1, "j": 2}, 2]
+
+
+@pytest.mark.parametrize("name", sorted(UNIQUE_SCHEMAS))
+@settings(max_examples=80, deadline=timedelta(seconds=20), suppress_health_check=list(HealthCheck))
+@given(value=st.lists(st.sampled_from(ITEMS), max_size=5))
+def test_unique_items_accept_exactly_the_valid_arrays(name, value):
+    schema = UNIQUE_SCHEMAS[name]
+    if ("unique", name) not in _PARSERS:
+        _PARSERS["unique", name] = _parser(json_schema_to_lark(schema))
+    assert _parses(_PARSERS["unique", name], _dump(value)) == _validator(schema).is_valid(value), _dump(value)
+
+
+@pytest.mark.parametrize("name", sorted(UNIQUE_SCHEMAS))
+def test_unique_items_samples_validate(name):
+    schema = UNIQUE_SCHEMAS[name]
+    text = json_schema_to_lark(schema)
+    sampler, check, rng = LarkSampler(text), _validator(schema), random.Random(9)
+    for _ in range(40):
+        check.validate(json.loads(sampler.sample(rng)))
+
+
+def test_unique_items_refusals_name_keyword_path_and_limit():
+    with pytest.raises(SchemaError, match=r"'uniqueItems' at #/properties/t: .*finite item domain"):
+        json_schema_to_lark({"properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
+    with pytest.raises(SchemaError, match=r"'uniqueItems' at #: .*over 9 values.*up to 8"):
+        json_schema_to_lark({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True})

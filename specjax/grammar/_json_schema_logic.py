@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from specjax.grammar._json_formats import FORMATS
+from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
 
 TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 
@@ -117,6 +117,8 @@ def value_ok(value, node: dict, path: str) -> bool:
         elif kw == "format" and node[kw] in FORMATS:
             if re.fullmatch(FORMATS[node[kw]], value) is None:
                 return False
+        elif kw == "format" and node[kw] not in SPEC_FORMATS:
+            continue  # no validator checks it
         elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and isinstance(node[kw], int | float):
             if not _bound_ok(kw, value, node):
                 return False

@@ -9,7 +9,7 @@ from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_conditions import leaf_not
-from specjax.grammar._json_formats import FORMATS
+from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
 from specjax.grammar._json_objects import ObjectEmitter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import (
@@ -269,7 +269,7 @@ class TypeEmitter(ObjectEmitter):
     def _string_body(self, node: dict, path: str):
         fmt, pattern = node.get("format"), node.get("pattern")
         if fmt is not None and fmt not in FORMATS:
-            if self.c.options.unknown_formats == "ignore":
+            if self.c.options.unknown_formats == "ignore" or fmt not in SPEC_FORMATS:  # no validator checks it
                 fmt = None
             else:
                 raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "

@@ -205,3 +205,16 @@ def test_unique_items_refusals_name_keyword_path_and_limit():
         json_schema_to_lark({"properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
     with pytest.raises(SchemaError, match=r"'uniqueItems' at #: .*over 9 values.*up to 8"):
         json_schema_to_lark({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True})
+
+
+# ------------------------------------------------------------------------------------ formats
+def test_formats_no_draft_defines_are_annotations_and_hostname_compiles():
+    schema = {"type": "object", "properties": {"c": {"type": "string", "format": "color"},
+                                               "n": {"enum": ["x", 3], "format": "int64"},
+                                               "h": {"type": "string", "format": "hostname", "maxLength": 20}}}
+    parser = _parser(json_schema_to_lark(schema))
+    for doc, ok in [('{"c":"not a color!"}', True), ('{"n":3}', True), ('{"n":"y"}', False),
+                    ('{"h":"a-b.example"}', True), ('{"h":"-bad"}', False), ('{"h":"a..b"}', False)]:
+        assert _parses(parser, doc) is ok, doc
+    with pytest.raises(SchemaError, match="format 'ipv6' has no exact grammar"):  # a draft defines it: refused
+        json_schema_to_lark({"type": "string", "format": "ipv6"})

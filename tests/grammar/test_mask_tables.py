@@ -62,3 +62,20 @@ def test_mask_rows_equal_a_per_token_walk(name, seed):
     bad = np.argwhere(got != want)
     assert len(bad) == 0, [(int(s), pieces[v], bool(want[s, v])) for s, v in bad[:5]]
     assert len(rows) == len(np.unique(rows, axis=0))  # rows are deduplicated
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_coreachable_equals_the_fixpoint(seed):
+    from specjax.grammar._dfa import coreachable
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    trans = np.where(rng.random((n, 5)) < 0.6, rng.integers(0, n, (n, 5)), -1)
+    accept = rng.random(n) < 0.1
+    alive = accept.copy()
+    while True:  # the definition: alive states, or one step from one
+        step = alive | ((trans >= 0) & alive[np.maximum(trans, 0)]).any(axis=1)
+        if (step == alive).all():
+            break
+        alive = step
+    assert (coreachable(trans, accept) == alive).all()

@@ -259,6 +259,30 @@ class _Compiler:
                 raise SchemaError("$ref", path, f"target {ref!r} does not exist") from None
         return node, "#" + ref[1:]
 
+    def exclusive(self, flats: list, path: str) -> list:
+        """oneOf branches as disjoint pieces: a branch that may overlap others becomes ``allOf [Bᵢ, ¬Bⱼ…]``, the
+        complements by case analysis (``_json_conditions.negate``), one piece per combination (up to 64)."""
+        out = []
+        for i, (flat, fpath, _, _) in enumerate(flats):
+            overlap = [j for j in range(len(flats)) if j != i and not logic.disjoint(flat, flats[j][0], path)]
+            if not overlap:
+                out.append(flats[i])
+                continue
+            try:
+                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}") for j in overlap]
+            except SchemaError as e:
+                raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
+                                                 f"the complement of a branch is not compiled ({e.why})") from None
+            combos = [[]]
+            for options in negs:
+                combos = [c + [n] for c in combos for n in options]
+                if len(combos) > 64:
+                    raise SchemaError("oneOf", path, f"branch {i} overlaps others in more than 64 cases")
+            for combo in combos:
+                piece = {"allOf": [flat, *combo]}
+                out.append((piece, fpath, "oneOf:" + logic.canonical(piece), piece))
+        return out
+
     def alternatives(self, node: dict, kw: str, path: str) -> str:
         """anyOf (union) or oneOf (union of provably disjoint branches); siblings distribute into each."""
         branches = node[kw]
@@ -279,21 +303,16 @@ class _Compiler:
                 flat, fpath = self.flatten(branch, bpath)
                 if rest:  # siblings distribute into each branch: a derived schema, memoized by content
                     merged = logic.merge(rest, flat, bpath)
-                    flats.append((merged, bpath, "merged:" + logic.canonical(merged)))
+                    flats.append((merged, bpath, "merged:" + logic.canonical(merged), flat))
                 else:
-                    flats.append((flat, fpath, fpath))
+                    flats.append((flat, fpath, fpath, flat))
             except EmptySchemaError:
                 continue  # a branch nothing satisfies adds nothing to the union
         if kw == "oneOf":
-            for i in range(len(flats)):
-                for j in range(i + 1, len(flats)):
-                    if not logic.disjoint(flats[i][0], flats[j][0], path):
-                        raise SchemaError("oneOf", path, f"branches {i} and {j} may both match an instance; "
-                                                         "only provably disjoint branches (types, const/enum, "
-                                                         "required discriminator) are supported")
+            flats = self.exclusive(flats, path)
         if not flats:
             raise EmptySchemaError(kw, path, "no branch can match (empty language)")
-        for flat, fpath, key in flats:
+        for flat, fpath, key, _ in flats:
             try:
                 names.append(self.rule(flat, fpath, key))
             except EmptySchemaError:

@@ -22,8 +22,13 @@ __all__ = ["conditional", "leaf_not", "negate", "split_not"]
 _LEAF = ({"type"}, {"enum"}, {"const"})
 
 
-def negate(cond, path: str) -> list:
-    """Schemas whose union is the complement of ``cond`` (empty list: nothing; raises SchemaError)."""
+def negate(cond, path: str, flatten=None, depth: int = 0) -> list:
+    """Schemas whose union is the complement of ``cond`` (empty list: nothing; raises SchemaError);
+    ``flatten(node, path)`` (the compiler's) resolves ``$ref`` and ``allOf`` first."""
+    if depth > 16:
+        raise SchemaError("not", path, "the complement is nested deeper than 16 levels (a recursive schema?)")
+    if flatten is not None and isinstance(cond, dict) and ("$ref" in cond or "allOf" in cond):
+        cond, path = flatten(cond, path)
     if cond is True or cond == {}:
         return []
     if cond is False:
@@ -50,12 +55,13 @@ def negate(cond, path: str) -> list:
     if "enum" in cond or "const" in cond:
         out.append({"not": {k: cond[k] for k in ("enum", "const") if k in cond}})
     for name, sub in (cond.get("properties") or {}).items():
-        out += [{"type": "object", "required": [name], "properties": {name: n}} for n in negate(sub, path)]
+        out += [{"type": "object", "required": [name], "properties": {name: n}}
+                for n in negate(sub, path, flatten, depth + 1)]
     out += [{"type": "object", "properties": {name: False}} for name in cond.get("required", [])]
     return out
 
 
-def conditional(node: dict, path: str) -> dict:
+def conditional(node: dict, path: str, flatten=None) -> dict:
     """``if``/``then``/``else`` as an allOf of the other keywords and an anyOf of the cases."""
     rest = {k: v for k, v in node.items() if k not in ("if", "then", "else")}
     if "if" not in node:
@@ -64,20 +70,21 @@ def conditional(node: dict, path: str) -> dict:
     if then is True and other is True:
         return rest
     try:
-        cases = [{"allOf": [node["if"], then]}] + [{"allOf": [n, other]} for n in negate(node["if"], f"{path}/if")]
+        negs = negate(node["if"], f"{path}/if", flatten)
+        cases = [{"allOf": [node["if"], then]}] + [{"allOf": [n, other]} for n in negs]
     except SchemaError as e:
         raise SchemaError("if", path, f"{e.why}; the condition is split into cases by its complement") from None
     return {"allOf": [rest, {"anyOf": cases}]}
 
 
-def split_not(node: dict, path: str) -> dict | None:
+def split_not(node: dict, path: str, flatten=None) -> dict | None:
     """A node whose ``not`` is no leaf, rewritten as an anyOf over the complement (None: leaf or no ``not``)."""
     sub = node.get("not")
-    if "not" not in node or sub is False or isinstance(sub, dict) and _is_leaf(sub):
+    if "not" not in node or sub is False or isinstance(sub, dict) and "$ref" not in sub and _is_leaf(sub):
         return None
     if sub is True or sub == {}:
         raise EmptySchemaError("not", path, "not {} matches nothing (empty language)")
-    branches = negate(sub, f"{path}/not")
+    branches = negate(sub, f"{path}/not", flatten)
     rest = {k: v for k, v in node.items() if k != "not"}
     if not branches:
         raise EmptySchemaError("not", path, "nothing is outside the negated schema (empty language)")

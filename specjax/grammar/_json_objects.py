@@ -7,9 +7,8 @@ from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import _pointer, _trie, json_string_terminal, lark_literal
-from specjax.grammar._regex_fsm import TooLarge, key_region_rules
+from specjax.grammar._regex_fsm import TooLarge, fsm_rules, key_regions
 
-_MAX_PATTERNS = 6  # patternProperties per object with extra keys: 2**n key regions are intersected
 _KEY_CHARS = ((0x20, 0x7E),)  # extra keys next to patternProperties: printable ASCII (see _pattern_tail)
 
 
@@ -85,14 +84,12 @@ class ObjectEmitter:
 
     def _pattern_tail(self, extra, patterns: dict, listed: list[str], path: str) -> str | None:
         """Extra members next to patternProperties: one key language per set of matching patterns (regex
-        intersection and difference on DFAs), its value the allOf of their schemas (none: additionalProperties).
+        intersection and difference on DFAs, `key_regions`), its value the allOf of their schemas (none:
+        additionalProperties).
 
         Extra keys are printable ASCII: there ECMA-262, Python's re (the validators') and the regex front-end
         agree on every class (``\\d``, ``\\w``, ``\\s``, ``.``, ``$``), so a key's region is the validator's.
         """
-        if len(patterns) > _MAX_PATTERNS:
-            raise SchemaError("patternProperties", path, f"{len(patterns)} patterns (compiled up to {_MAX_PATTERNS}: "
-                                                         "one key language per subset); pass strict_objects")
         regex = {}
         for p in patterns:
             try:
@@ -100,23 +97,23 @@ class ObjectEmitter:
             except rx.RegexError as e:
                 raise SchemaError("patternProperties", f"{path}/patternProperties/{_pointer(p)}", str(e)) from None
         ps, w, alts = list(patterns), self.c.ws, []
-        for subset in range(1 << len(ps)):
-            inside = [p for i, p in enumerate(ps) if subset >> i & 1]
+        try:
+            regions = key_regions([regex[p] for p in ps], listed, _KEY_CHARS)
+        except TooLarge as e:
+            raise SchemaError("patternProperties", path, f"the keys of {len(ps)} patterns need {e}; pass "
+                                                         "strict_objects") from None
+        for fsm, members in regions:
+            inside = [ps[i] for i in sorted(members)]
             if not inside and extra is False:
                 continue
             spath = f"{path}/patternProperties/{_pointer(inside[0])}" if inside else f"{path}/additionalProperties"
             schema = extra if not inside else patterns[inside[0]] if len(inside) == 1 else \
                 {"allOf": [patterns[p] for p in inside]}
-            try:
-                name, added = self._add_rules(f"{path}/key", lambda n, inside=inside: key_region_rules(
-                    [regex[p] for p in inside], [regex[p] for p in ps if p not in inside], listed, n, _KEY_CHARS))
-            except TooLarge as e:
-                raise SchemaError("patternProperties", path, f"the keys of one pattern region need {e}; pass "
-                                                             "strict_objects") from None
+            name, added = self._add_rules(f"{path}/key", lambda n, fsm=fsm: fsm_rules(fsm, 0, None, n))
             if name is None:
                 continue
             try:
-                value = self.c.rule(schema, spath, key=None if len(inside) < 2 else f"{spath}|{subset}")
+                value = self.c.rule(schema, spath, key=None if len(inside) < 2 else f"{spath}|{sorted(members)}")
             except EmptySchemaError:  # keys of this region cannot appear (exact)
                 for r in added:
                     del self.c.rules[r]

@@ -248,7 +248,7 @@ class TypeEmitter(ObjectEmitter):
             inside = [rx.translate(node["pattern"], cs.class_text, search=True)] if "pattern" in node else []
         except rx.RegexError as e:
             raise SchemaError("pattern", path, str(e)) from None
-        return self._add_rules(f"{path}/string", lambda n: key_region_rules(inside, [], values, n, cs.ANY))[0]
+        return self._add_rules(f"{path}/string", lambda n: key_region_rules(inside, values, n, cs.ANY))[0]
 
     def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
         """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""

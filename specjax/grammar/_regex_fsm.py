@@ -42,27 +42,50 @@ def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pai
     return fsm_rules(interegular.parse_pattern(regex).to_fsm().reduce(), lo, hi, name, max_pairs)
 
 
-def key_region_rules(inside: list[str], outside: list[str], names: list[str], name: str, chars=cs.ANY,
+def key_region_rules(inside: list[str], names: list[str], name: str, chars=cs.ANY,
                      max_pairs: int = 10000) -> dict[str, str]:
-    """Rules for the strings in every regex of ``inside``, in none of ``outside``, and not one of ``names``: the
-    keys of one patternProperties region, written as JSON strings (canonical encoding, quotes included).
-
-    Regexes are over the decoded characters (``translate(..., cs.class_text, search=True)``: full match, search
-    semantics written into them), keys made of ``chars``. Returns {} for an empty region; the start rule is
-    ``{name}_s``. Raises TooLarge past ``max_pairs`` DFA states.
-    """
-    fsm = interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm()
+    """Rules for the strings in every regex of ``inside`` and not one of ``names``, made of ``chars``, written as
+    JSON strings (canonical encoding, quotes included); regexes as for `key_regions`. {} when empty."""
+    fsm = _without_names(interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm(), names)
     for regex in inside:
         fsm = fsm & interegular.parse_pattern(regex).to_fsm()
-    for regex in outside:
-        fsm = fsm - interegular.parse_pattern(regex).to_fsm()
-        if len(fsm.states) > max_pairs:
-            raise TooLarge(f"more than {max_pairs} automaton states")
-    if names:
-        listed = "|".join("".join(cs.class_text(cs.of_chars(ch)) for ch in n) or "(?:)" for n in names)
-        fsm = fsm - interegular.parse_pattern(listed).to_fsm()
     fsm = fsm.reduce()
     return {} if fsm.empty() else fsm_rules(fsm, 0, None, name, max_pairs)
+
+
+def _without_names(fsm, names: list[str]):
+    if not names:
+        return fsm
+    listed = "|".join("".join(cs.class_text(cs.of_chars(ch)) for ch in n) or "(?:)" for n in names)
+    return fsm - interegular.parse_pattern(listed).to_fsm()
+
+
+def key_regions(patterns: list[str], names: list[str], chars, max_regions: int = 64,
+                max_states: int = 10000) -> list[tuple[object, frozenset[int]]]:
+    """The non-empty key regions of patternProperties: (DFA, indices of the patterns its keys match) for keys
+    made of ``chars`` that are not one of ``names``; every key lies in exactly one region. Regexes are over the
+    decoded characters (``translate(..., cs.class_text, search=True)``: full match, search semantics written in).
+
+    Built by refinement, one pattern at a time (each region splits into its keys that match the pattern and
+    those that do not; empty halves are dropped), so disjoint patterns give n + 1 regions, not 2**n.
+    Raises TooLarge past ``max_regions`` regions or ``max_states`` states in one region.
+    """
+    fsm = _without_names(interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm(), names)
+    regions = [(fsm.reduce(), frozenset())]
+    for i, regex in enumerate(patterns):
+        pattern = interegular.parse_pattern(regex).to_fsm()
+        split = []
+        for region, inside in regions:
+            for part, members in ((region & pattern, inside | {i}), (region - pattern, inside)):
+                part = part.reduce()
+                if len(part.states) > max_states:
+                    raise TooLarge(f"more than {max_states} automaton states")
+                if not part.empty():
+                    split.append((part, members))
+        regions = split
+        if len(regions) > max_regions:
+            raise TooLarge(f"more than {max_regions} key regions")
+    return regions
 
 
 def raw_minus_rules(regex: str, texts: list[str], name: str, max_pairs: int = 10000) -> dict[str, str]:

@@ -201,9 +201,9 @@ class _Compiler:
             return self.rule(flat, path, key="merged:" + logic.canonical(flat))
         node = flat
         if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
-            new = conditions.conditional(node, path)
+            new = conditions.conditional(node, path, self.flatten)
             return self.rule(new, path, key="if:" + logic.canonical(new))
-        if (new := conditions.split_not(node, path)) is not None:
+        if (new := conditions.split_not(node, path, self.flatten)) is not None:
             return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):
             if kw in node:
@@ -269,7 +269,7 @@ class _Compiler:
                 out.append(flats[i])
                 continue
             try:
-                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}") for j in overlap]
+                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten) for j in overlap]
             except SchemaError as e:
                 raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
                                                  f"the complement of a branch is not compiled ({e.why})") from None

@@ -4,17 +4,14 @@ when `jsonschema` accepts it (canonical property order)."""
 
 from __future__ import annotations
 
-import json
-import random
 from datetime import timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_json_schema import _dump, _parser, _parses, _validator
+from test_json_schema import _dump, _parser, _parses, _property_order, _validator, check_samples
 
 from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
-from specjax.grammar.sample import LarkSampler
 
 PATTERN_SCHEMAS = {
     "prefix_and_suffix": {"type": "object", "properties": {"x-a": {"type": "integer"}, "b": {"type": "string"}},
@@ -39,20 +36,14 @@ VALUES = [0, 3, 7, -1, "s", True, None, 1.5]
 
 
 def _order(schema: dict):
-    listed = list(schema.get("properties", {})) + [n for n in schema.get("required", [])
-                                                   if n not in schema.get("properties", {})]
-    return lambda k: (listed.index(k) if k in listed else len(listed), k)
+    """Canonical key order: names the schema lists anywhere (properties, then required) first, then the rest."""
+    order = _property_order(schema)
+    return lambda k: (order.get(k, len(order)), k)
 
 
 @pytest.mark.parametrize("name", sorted(PATTERN_SCHEMAS))
 def test_pattern_properties_samples_validate(name):
-    schema = PATTERN_SCHEMAS[name]
-    text = json_schema_to_lark(schema)
-    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(5)
-    for _ in range(40):
-        s = sampler.sample(rng)
-        check.validate(json.loads(s))
-        assert _parses(parser, s), s
+    check_samples(PATTERN_SCHEMAS[name], seed=5, n=40)
 
 
 @pytest.mark.parametrize("name", sorted(PATTERN_SCHEMAS))
@@ -85,10 +76,13 @@ def test_pattern_properties_with_strict_objects_constrain_listed_names_only():
 
 
 def test_pattern_properties_refusals_name_keyword_and_path():
-    many = {f"^p{i}": {"type": "integer"} for i in range(7)}
-    with pytest.raises(SchemaError, match=r"'patternProperties' at #/properties/o: 7 patterns.*strict_objects"):
-        json_schema_to_lark({"properties": {"o": {"type": "object", "patternProperties": many}}})
-    assert json_schema_to_lark({"type": "object", "patternProperties": many}, JsonSchemaOptions(strict_objects=True))
+    disjoint = {f"^p{i}$": {"type": "integer"} for i in range(20)}  # 21 key regions, not 2**20
+    assert json_schema_to_lark({"type": "object", "patternProperties": disjoint})
+    overlapping = {chr(97 + i): {"type": "integer"} for i in range(7)}  # keys may hold any subset: 128 regions
+    with pytest.raises(SchemaError, match=r"'patternProperties' at #/properties/o: .*64 key regions.*strict_objects"):
+        json_schema_to_lark({"properties": {"o": {"type": "object", "patternProperties": overlapping}}})
+    assert json_schema_to_lark({"type": "object", "patternProperties": overlapping},
+                               JsonSchemaOptions(strict_objects=True))
     with pytest.raises(SchemaError, match=r"'patternProperties' at #/patternProperties/\(\?=a\)"):
         json_schema_to_lark({"type": "object", "patternProperties": {"(?=a)": {}}})
     with pytest.raises(SchemaError, match="'propertyNames' at #"):
@@ -117,6 +111,9 @@ CASE_SCHEMAS = {
     "one_of_overlapping_objects": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}},
                                    "oneOf": [{"properties": {"a": {"const": 1}}, "required": ["a"]},
                                              {"required": ["b"]}]},
+    # one property: with two, the complement's branches would each list their own property first (see the docs)
+    "not_ref": {"$defs": {"ab": {"enum": ["a", "b"]}, "node": {"type": "object", "properties": {
+        "v": {"$ref": "#/$defs/ab"}}}}, "type": ["string", "object"], "not": {"$ref": "#/$defs/node"}},
     "if_type_enum": {"properties": {"a": {"type": ["integer", "string"]}},
                      "if": {"properties": {"a": {"type": "integer", "enum": [1, 2]}}}, "then": {"required": ["b"]},
                      "else": {"properties": {"b": False}}},
@@ -135,13 +132,7 @@ def _values(depth: int = 1):
 
 @pytest.mark.parametrize("name", sorted(CASE_SCHEMAS))
 def test_case_split_samples_validate(name):
-    schema = CASE_SCHEMAS[name]
-    text = json_schema_to_lark(schema)
-    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(7)
-    for _ in range(40):
-        s = sampler.sample(rng)
-        check.validate(json.loads(s))
-        assert _parses(parser, s), s
+    check_samples(CASE_SCHEMAS[name], seed=7, n=40)
 
 
 @pytest.mark.parametrize("name", sorted(CASE_SCHEMAS))
@@ -168,6 +159,8 @@ def _cached_case(name: str):
     ({"type": "string", "maxLength": 3, "not": {"const": "a"}}, "not", "#", "minLength/maxLength/format"),
     ({"if": {"minimum": 3}, "then": {"type": "integer"}}, "if", "#", "complement of 'minimum'"),
     ({"not": {"type": "integer"}}, "not", "#", "not integers"),
+    ({"$defs": {"n": {"properties": {"k": {"$ref": "#/$defs/n"}}}}, "not": {"$ref": "#/$defs/n"}}, "not", "#/$defs/n",
+     "deeper than 16 levels"),
 ])
 def test_case_split_refusals_name_keyword_and_path(schema, keyword, path, why):
     with pytest.raises(SchemaError) as info:
@@ -197,11 +190,7 @@ def test_unique_items_accept_exactly_the_valid_arrays(name, value):
 
 @pytest.mark.parametrize("name", sorted(UNIQUE_SCHEMAS))
 def test_unique_items_samples_validate(name):
-    schema = UNIQUE_SCHEMAS[name]
-    text = json_schema_to_lark(schema)
-    sampler, check, rng = LarkSampler(text), _validator(schema), random.Random(9)
-    for _ in range(40):
-        check.validate(json.loads(sampler.sample(rng)))
+    check_samples(UNIQUE_SCHEMAS[name], seed=9, n=40)
 
 
 def test_unique_items_refusals_name_keyword_path_and_limit():

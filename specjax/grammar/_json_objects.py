@@ -9,6 +9,7 @@ from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import _pointer, _trie, json_string_terminal, lark_literal
 from specjax.grammar._regex_fsm import TooLarge, fsm_rules, key_regions
 
+_MAX_PATTERNS = 8  # patternProperties next to extra keys (19 disjoint ones: 16 s of interegular products)
 _KEY_CHARS = ((0x20, 0x7E),)  # extra keys next to patternProperties: printable ASCII (see _pattern_tail)
 
 
@@ -90,6 +91,10 @@ class ObjectEmitter:
         Extra keys are printable ASCII: there ECMA-262, Python's re (the validators') and the regex front-end
         agree on every class (``\\d``, ``\\w``, ``\\s``, ``.``, ``$``), so a key's region is the validator's.
         """
+        if len(patterns) > _MAX_PATTERNS:
+            raise SchemaError("patternProperties", path, f"{len(patterns)} patterns next to extra keys (compiled up "
+                                                         f"to {_MAX_PATTERNS}: the key regions are built with "
+                                                         "interegular, seconds per pattern); pass strict_objects")
         regex = {}
         for p in patterns:
             try:

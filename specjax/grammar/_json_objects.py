@@ -73,7 +73,7 @@ class ObjectEmitter:
         if not matching:
             return (extra if sub is None else sub), None, spath
         parts = ([] if sub is None else [sub]) + [patterns[p] for p in matching]
-        return {"allOf": parts}, f"{spath}|patternProperties|{name}", spath
+        return {"allOf": parts}, None, f"{spath}/(with patternProperties)"  # a merged schema: its own location
 
     def _extra_tail(self, extra, listed: list[str], path: str) -> str | None:
         key = self._key_not_in(listed)
@@ -111,7 +111,10 @@ class ObjectEmitter:
             inside = [ps[i] for i in sorted(members)]
             if not inside and extra is False:
                 continue
-            spath = f"{path}/patternProperties/{_pointer(inside[0])}" if inside else f"{path}/additionalProperties"
+            # several patterns: a merged schema, its own location (member rules are memoized by path)
+            spath = f"{path}/additionalProperties" if not inside else \
+                f"{path}/patternProperties/{_pointer(inside[0])}" if len(inside) == 1 else \
+                f"{path}/patternProperties/({' & '.join(_pointer(p) for p in inside)})"
             schema = extra if not inside else patterns[inside[0]] if len(inside) == 1 else \
                 {"allOf": [patterns[p] for p in inside]}
             name, added = self._add_rules(f"{path}/key", lambda n, fsm=fsm: fsm_rules(fsm, 0, None, n))

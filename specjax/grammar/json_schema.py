@@ -278,9 +278,10 @@ class _Compiler:
                 combos = [c + [n] for c in combos for n in options]
                 if len(combos) > 64:
                     raise SchemaError("oneOf", path, f"branch {i} overlaps others in more than 64 cases")
-            for combo in combos:
+            for k, combo in enumerate(combos):
+                # each piece is its own schema location: the rules of its members are memoized by path
                 piece = {"allOf": [flat, *combo]}
-                out.append((piece, fpath, "oneOf:" + logic.canonical(piece), piece))
+                out.append((piece, f"{fpath}/(case {k})", "oneOf:" + logic.canonical(piece), piece))
         return out
 
     def alternatives(self, node: dict, kw: str, path: str) -> str:

@@ -26,13 +26,16 @@ PATTERN_SCHEMAS = {
     "digits_draft7": {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
                       "properties": {"12": {"type": "boolean"}},
                       "patternProperties": {r"^\d+$": {"type": "string"}, r"^\w\.": False}},
+    "overlapping_objects": {"type": "object", "patternProperties": {
+        "a": {"type": "object", "properties": {"k": {"type": "integer"}}},
+        "b": {"type": "object", "properties": {"k": {"maximum": 5}}}}, "additionalProperties": False},
     "false_pattern": {"type": "object", "patternProperties": {"^_": False},
                       "properties": {"_x": {"type": "integer"}, "y": {"type": "integer"}}},
 }
 # keys every schema above may meet: listed names, keys in one or two pattern regions, keys in none
 KEYS = ["x-a", "b", "x-", "x-id", "id", "abc", "ab", "ba", "a b", "ZZ", "12", "7", "1a", "a.", "_x", "y", "_", "",
         'q"', "c\\"]
-VALUES = [0, 3, 7, -1, "s", True, None, 1.5]
+VALUES = [0, 3, 7, -1, "s", True, None, 1.5, {"k": 7}, {"k": 3}, {"k": "s"}]
 
 
 def _order(schema: dict):
@@ -110,6 +113,9 @@ CASE_SCHEMAS = {
                      "else": {"properties": {"v": {"type": "string"}}}},
     "if_without_else": {"if": {"type": "string"}, "then": {"maxLength": 1}},
     "one_of_overlapping_values": {"oneOf": [{"type": ["string", "null"]}, {"enum": [1, "a", None]}]},
+    "one_of_shared_properties": {"type": "object", "oneOf": [
+        {"properties": {"k": {"enum": ["x"]}, "v": {"type": "string"}}},
+        {"properties": {"k": {"enum": ["y"]}, "v": {"type": ["string", "null"]}}}]},
     "one_of_overlapping_objects": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}},
                                    "oneOf": [{"properties": {"a": {"const": 1}}, "required": ["a"]},
                                              {"required": ["b"]}]},

@@ -121,6 +121,7 @@ def run_compile(args, files: list[tuple[str, list[dict]]]) -> None:
         q = (lambda p, s=s: f"{np.percentile(s, p):.3f}") if s else (lambda p: "-")
         print(f"| {engine} | {len(rs)} | {c['compiled']} ({100 * c['compiled'] / len(rs):.1f}%) | {c['refused']} | "
               f"{c['timeout']} | {c['crashed']} | {q(50)} / {q(95)} / {max(s, default=0):.3f} |")
+    print_per_file(results)
     for engine, rs in results.items():
         why = collections.Counter(r["why"] for r in rs if r["status"] == "refused")
         print(f"\n{engine} refusals: " + ", ".join(f"{k} {v}" for k, v in why.most_common()))
@@ -131,4 +132,19 @@ def run_compile(args, files: list[tuple[str, list[dict]]]) -> None:
         args.json.write_text(json.dumps(results, indent=1))
 
 
-__all__ = ["run_compile"]
+def print_per_file(results: dict) -> None:
+    """Compiled schemas per file and engine, and specjax's compile p50 / p95 per file (CPU s, compiled ones)."""
+    files = list(dict.fromkeys(r["file"] for rs in results.values() for r in rs))
+    print("\n| file | " + " | ".join(f"{e} compiled" for e in results) + " | specjax p50 / p95 (s) |")
+    print("|---|" + "---|" * len(results) + "---|")
+    for name in files:
+        cells = []
+        for rs in results.values():
+            mine = [r for r in rs if r["file"] == name]
+            cells.append(f"{sum(r['status'] == 'compiled' for r in mine)} / {len(mine)}")
+        s = [r["s"] for r in next(iter(results.values())) if r["file"] == name and r["status"] == "compiled"]
+        q = f"{np.percentile(s, 50):.2f} / {np.percentile(s, 95):.2f}" if s else "-"
+        print(f"| {name} | " + " | ".join(cells) + f" | {q} |")
+
+
+__all__ = ["print_per_file", "run_compile"]

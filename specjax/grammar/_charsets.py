@@ -19,6 +19,11 @@ SURROGATES = (0xD800, 0xDFFF)
 Intervals = tuple[tuple[int, int], ...]
 
 
+# Set algebra and rendering are pure functions of (hashable) interval tuples, called with the same few sets
+# thousands of times per schema (key tries, classes of every pattern): memoized per process.
+_memo = functools.lru_cache(maxsize=1 << 16)
+
+
 def normalize(pairs) -> Intervals:
     """Sort, merge and strip surrogates from (lo, hi) inclusive intervals."""
     out: list[list[int]] = []
@@ -41,6 +46,7 @@ def union(*sets: Intervals) -> Intervals:
     return normalize(p for s in sets for p in s)
 
 
+@_memo
 def complement(s: Intervals) -> Intervals:
     out, nxt = [], 0
     for lo, hi in s:
@@ -52,10 +58,12 @@ def complement(s: Intervals) -> Intervals:
     return normalize(out)
 
 
+@_memo
 def intersect(a: Intervals, b: Intervals) -> Intervals:
     return complement(union(complement(a), complement(b)))
 
 
+@_memo
 def difference(a: Intervals, b: Intervals) -> Intervals:
     return intersect(a, complement(b))
 
@@ -122,6 +130,7 @@ def _char(cp: int) -> str:
     return c
 
 
+@_memo
 def class_text(s: Intervals) -> str:
     """A regex matching exactly one character of the non-empty set `s` (and no other non-surrogate).
 
@@ -185,6 +194,7 @@ def json_encode_char(c: str) -> str:
     return c
 
 
+@_memo
 def json_class_text(s: Intervals) -> str:
     """Regex over JSON text matching the canonical encoding of any one character of `s`."""
     raw = intersect(s, JSON_RAW)

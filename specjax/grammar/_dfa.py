@@ -12,7 +12,7 @@ import numpy as np
 
 from specjax.grammar import _deadline
 
-__all__ = ["ByteDFA", "byte_classes", "minimal_dfa", "minimize", "row_ids"]
+__all__ = ["ByteDFA", "byte_classes", "coreachable", "minimal_dfa", "minimize", "row_ids"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -88,3 +88,27 @@ def minimal_dfa(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
     out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
     acc[new] = accept
     return ByteDFA(out, acc)
+
+
+def coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """bool [n]: the states from which an accepting state can be reached (``trans`` uses -1 for reject).
+
+    A breadth-first search backwards from the accepting states over a CSR table of predecessors: each edge is
+    looked at once (a whole-table sweep per BFS level took 2.6 of 12 s of one schema's automaton, 9,211 states).
+    """
+    n = len(accept)
+    src, _ = np.nonzero(trans >= 0)
+    dst = trans[trans >= 0].astype(np.int64)
+    order = np.argsort(dst, kind="stable")
+    preds, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
+    alive = accept.astype(bool).copy()
+    frontier = np.nonzero(alive)[0]
+    while len(frontier):
+        _deadline.check()
+        counts = starts[frontier + 1] - starts[frontier]
+        total = int(counts.sum())
+        idx = np.repeat(starts[frontier] - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        cand = preds[idx]
+        frontier = np.unique(cand[~alive[cand]])
+        alive[frontier] = True
+    return alive

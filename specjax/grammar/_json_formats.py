@@ -48,4 +48,12 @@ FORMATS = {
     "uuid": UUID,
     "uri": URI,
     "ipv4": IPV4,
+    "hostname": HOSTNAME,
 }
+# Formats some draft (4 to 2020-12) defines, so that a validator may check them. Any other name ("color",
+# "byte", "int64", "semver", ...) is an annotation no validator enforces: ignored, which is exact.
+SPEC_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer", "relative-json-pointer",
+    "regex",
+})

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
-from specjax.grammar._json_formats import FORMATS
+from specjax.grammar._json_conditions import leaf_not
+from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
+from specjax.grammar._json_objects import ObjectEmitter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import (
     _MAX_SAFE,
     NUMBER_REGEX,
     _check_count,
-    _pointer,
     _repeat,
-    _trie,
     json_string_terminal,
     lark_literal,
 )
-from specjax.grammar._regex_fsm import TooLarge, length_bounded_rules
+from specjax.grammar._regex_fsm import TooLarge, key_region_rules, length_bounded_rules, raw_minus_rules
 from specjax.grammar._regex_ranges import int_range, number_range
 
+_MAX_UNIQUE = 8  # uniqueItems: values of a finite item domain (2**n sets of written values)
 
-class TypeEmitter:
+
+class TypeEmitter(ObjectEmitter):
     """Writes the Lark expression for each type a node admits; `c` is the owning compiler."""
 
     def __init__(self, compiler):
@@ -34,19 +37,33 @@ class TypeEmitter:
         return f'{self.c.ws} ","{self.c.ws}'
 
     def typed(self, node: dict, path: str) -> str:
+        node, excluded = leaf_not(node, path)  # not {type} / not {enum}: fewer types, or values to leave out
         types = logic.type_set(node, path)
         if "enum" in node or "const" in node:
             return self.values(node, path)
         alts = []
-        if "null" in types:
+        if "null" in types and "null" not in excluded:
             alts.append('"null"')
         if "boolean" in types:
-            alts.append('"true" | "false"')
+            alts += [f'"{b}"' for b in ("true", "false") if b not in excluded]
         for kind, emit in (("object", self.object), ("array", self.array), ("string", self.string)):
             if kind in types:
-                alts.append(emit(node, path))
+                if any(t[0] == {"object": "{", "array": "[", "string": '"'}[kind] for t in excluded):
+                    if kind != "string":
+                        raise SchemaError("not", path, f"excluding {kind} values is not compiled (only null, booleans "
+                                                       "and strings)")
+                    alts.append(self.string_except(node, path, [json.loads(t) for t in excluded if t[0] == '"']))
+                else:
+                    alts.append(emit(node, path))
         if "integer" in types:
-            alts.append(self.number(node, path, integer="number" not in types))
+            numbers = [t for t in excluded if t[0] in "-0123456789"]
+            if numbers and "number" in types:  # 1.0, 1e0, ... all equal 1: only integers have one spelling
+                raise SchemaError("not", path, "excluding numbers is not compiled (only integers, null, booleans and "
+                                               "strings)")
+            text = self.number(node, path, integer="number" not in types)
+            if numbers and text is not None:  # an integer range: its regex minus the listed texts
+                text = self._add_rules(f"{path}/integer", lambda n: raw_minus_rules(text[1:-1], numbers, n))[0]
+            alts.append(text)
         alts = [a for a in alts if a]
         if not alts:
             raise EmptySchemaError("type", path, "no value satisfies the schema (empty language)")
@@ -65,234 +82,6 @@ class TypeEmitter:
             raise EmptySchemaError(kw, path, "no listed value satisfies the rest of the schema (empty language)")
         return " | ".join(lark_literal(t) for t in texts)
 
-    # ---------------------------------------------------------------------------------- objects
-    def object(self, node: dict, path: str) -> str:
-        props, required = node.get("properties", {}), node.get("required", [])
-        if not isinstance(props, dict) or not isinstance(required, list):
-            raise SchemaError("properties", path, "properties must be an object and required an array")
-        extra = node.get("additionalProperties", True)
-        members = []  # (name, schema, schema path, required)
-        for name, sub in props.items():
-            if sub is False:
-                if name in required:
-                    raise EmptySchemaError("required", path, f"property {name!r} is required but its schema is false")
-                continue
-            members.append((name, sub, f"{path}/properties/{_pointer(name)}", name in required))
-        for name in dict.fromkeys(required):
-            if name not in props:
-                if extra is False:
-                    raise EmptySchemaError("required", path, f"property {name!r} is required but not in properties and "
-                                                        "additionalProperties is false (empty language)")
-                members.append((name, extra, f"{path}/additionalProperties", True))
-        if "propertyNames" in node:
-            members = self._named_members(node, path, members, extra)
-        pairs, names = [], []
-        for n, s, p, req in members:
-            try:
-                pairs.append((self._pair(logic.canonical(n), s, p), req))
-                names.append(n)
-            except EmptySchemaError:
-                if req:
-                    raise
-                # an optional property whose schema nothing satisfies can only be absent (exact)
-        tail = None
-        if extra is not False and not self.c.options.strict_objects:
-            key = self._key_not_in([n for n, *_ in members] + list(props))
-            try:
-                value = self.c.rule(extra, f"{path}/additionalProperties")
-                tail = self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
-            except EmptySchemaError:
-                tail = None
-        count = self._property_counts(node, path)
-        deps = self._dependencies(node, path, names, tail is not None)
-        body = self._members(pairs, tail, path) if count == (0, None) and not deps else \
-            self._counted_members(pairs, tail, path, *count, names=names, deps=deps)
-        w = self.c.ws
-        return f'"{{"{w} {body}{w} "}}"' if body else f'"{{"{w} "}}"'
-
-    def _pair(self, key_json: str, sub, spath: str) -> str:
-        return f'{lark_literal(key_json)}{self.c.ws} ":"{self.c.ws} {self.c.rule(sub, spath)}'
-
-    def _members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str) -> str:
-        """Members in schema order; optional ones may be skipped; commas only between present ones."""
-        comma, n = self.comma, len(pairs)
-        after = [""] * (n + 1)  # after[k]: members k.. once something was written (each preceded by a comma)
-        bound = self.c.options.max_repeat
-        after[n] = (f"({comma} {tail})*" if bound is None else self._repeat_group(f"{comma} {tail}", 0, bound, path)) \
-            if tail else ""
-        for k in range(n - 1, -1, -1):
-            pair, req = pairs[k]
-            head = f"{comma} {pair}" if req else f"({comma} {pair})?"
-            after[k] = self._fresh(path, "more", f"{head} {after[k + 1]}".strip())
-        first = "" if not tail else f"({tail} ({comma} {tail})*)?" if bound is None else \
-            f"({tail} {self._repeat_group(f'{comma} {tail}', 0, bound - 1, path)})?"
-        for k in range(n - 1, -1, -1):
-            pair, req = pairs[k]
-            written = f"{pair} {after[k + 1]}".strip()
-            if not req:  # skipping member k leaves the members after it, still with nothing written
-                written = f"{written} | {first}" if first else f"({written})?"
-            first = written
-            first = self._fresh(path, "members", first)
-        return first
-
-    def _named_members(self, node: dict, path: str, members: list, extra) -> list:
-        """propertyNames: a listed name it refuses can only be absent; extra keys would need the intersection
-        of two regular languages in the key terminal, so they must be off (strict_objects or
-        additionalProperties false)."""
-        names = node["propertyNames"]
-        if extra is not False and not self.c.options.strict_objects and names is not True:
-            raise SchemaError("propertyNames", path, "key constraints on extra keys are not compiled (pass "
-                              "strict_objects, or set additionalProperties false)")
-        kept = []
-        for member in members:
-            ok = names is True or names is not False and isinstance(names, dict) and \
-                logic.value_ok(member[0], {"type": "string", **names}, f"{path}/propertyNames")
-            if ok:
-                kept.append(member)
-            elif member[3]:
-                raise EmptySchemaError("propertyNames", path, f"required property {member[0]!r} is not a valid "
-                                                              "property name (empty language)")
-        return kept
-
-    @staticmethod
-    def _property_counts(node: dict, path: str) -> tuple[int, int | None]:
-        lo, hi = node.get("minProperties", 0), node.get("maxProperties")
-        for kw, v in (("minProperties", lo), ("maxProperties", hi)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
-            if v is not None and v > 64:
-                raise SchemaError(kw, path, f"{v} properties: the member count is automaton state, compiled up to 64")
-        if hi is not None and lo > hi:
-            raise EmptySchemaError("minProperties", path, "minProperties > maxProperties (empty language)")
-        return lo, hi
-
-    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool) -> dict[str, set[str]]:
-        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}."""
-        out: dict[str, set[str]] = {}
-        kw = "dependencies" if self.c.draft <= 7 else "dependentRequired"  # the other is no keyword of the draft
-        for _ in (0,):
-            for a, need in (node.get(kw) or {}).items():
-                if not isinstance(need, list):
-                    raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
-                                                                        "(only the array form: required names)")
-                if a not in names:
-                    if extras and set(need) - set(node.get("required", [])):
-                        raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
-                                                    "not compiled (pass strict_objects)")
-                    continue  # a key that never appears triggers nothing
-                for b in need:
-                    if b not in names and b != a:
-                        raise SchemaError(kw, path, f"key {a!r} requires {b!r}, which is not a property of the schema")
-                out.setdefault(a, set()).update(b for b in need if b != a)
-        return {a: need for a, need in out.items() if need}
-
-    def _counted_members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str, lo: int,
-                         hi: int | None, names: list[str] | None = None,
-                         deps: dict[str, set[str]] | None = None) -> str | None:
-        """Members as in :meth:`_members`, counting those written (up to ``max(lo, hi)``): min/maxProperties;
-        and with ``deps``, a member is written only with the members it requires (dependentRequired)."""
-        comma, n, cap = self.comma, len(pairs), lo if hi is None else hi
-        names, deps = names or [""] * len(pairs), deps or {}
-        index = {name: i for i, name in enumerate(names)}
-        targets = set().union(*deps.values()) if deps else set()
-        memo: dict[tuple, str | None] = {}
-
-        def extras(c: int, written: bool) -> str | None:  # extra members once c members are written
-            a, b = max(lo - c, 0), (None if hi is None else hi - c)
-            if self.c.options.max_repeat is not None:
-                b = max(a, self.c.options.max_repeat if b is None else min(b, self.c.options.max_repeat))
-            if b is not None and b < a:
-                return None
-            if tail is not None and a >= 2:  # nothing keeps two extra keys distinct, and a duplicate counts once
-                raise SchemaError("minProperties", path, f"reaching {lo} members may need {a} extra keys, and the "
-                                                         "grammar cannot keep extra keys distinct")
-            if tail is None:
-                return "" if a == 0 else None
-            item = f"{comma} {tail}"
-            if written or a == 0 and b == 0:
-                return self._repeat_group(item, a, b, path) if b is None or b >= a else None
-            body = f"{tail} {self._repeat_group(item, max(a - 1, 0), None if b is None else b - 1, path)}".strip()
-            return body if a else f"({body})?"
-
-        def rest(k: int, c: int, written: bool, must: frozenset = frozenset(), have: frozenset = frozenset()):
-            """Members k.. with c written so far, ``must`` still to come, ``have`` the targets written."""
-            key = (k, min(c, cap), written, must, have)
-            if key not in memo:
-                if k == n:
-                    memo[key] = extras(min(c, cap), written) if not must else None
-                else:
-                    (pair, req), name = pairs[k], names[k]
-                    need = deps.get(name, set())
-                    sep = f"{comma} " if written else ""
-                    alts = []
-                    if (hi is None or c < hi) and all(b in have or index[b] > k for b in need):
-                        gain = have | ({name} & targets)
-                        after = rest(k + 1, c + 1, True, (must - {name}) | {b for b in need if index[b] > k}, gain)
-                        if after is not None:
-                            alts.append(f"{sep}{pair} {after}".strip())
-                    if not req and name not in must:
-                        skip = rest(k + 1, c, written, must, have)
-                        if skip is not None:
-                            alts.append(skip or "")
-                    body = " | ".join(f"({a})" if a else "" for a in alts if a) if alts else None
-                    if body is not None and "" in alts:
-                        body = f"({body})?" if body else ""
-                    memo[key] = None if body is None else self._fresh(path, "members", body) if body else ""
-            return memo[key]
-
-        body = rest(0, 0, False)
-        if body is None:
-            raise EmptySchemaError("minProperties", path, "no object with these properties has that many "
-                                                          "members (empty language)")
-        return body
-
-    def _fresh(self, path: str, kind: str, body: str) -> str:
-        return self.c.rule_text(f"{path}/{kind}", body) if body else ""
-
-    def _key_not_in(self, names: list[str]) -> str:
-        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases).
-
-        A key that is not a name either stops inside the trie of the names (a proper prefix that is not a
-        name), or leaves it: by a raw character no name continues with, or by an escaped character (names
-        hold none, see below). After leaving, anything may follow, written once at the end rather than
-        at every trie node (that made the regex, and interegular's work, grow with nodes x ~60 positions).
-        """
-        if any(cs.intersect(cs.of_chars(n), cs.difference(cs.ANY, cs.JSON_RAW)) for n in names):
-            return self._key_not_in_per_node(names)  # a name with an escaped character: the general form
-        trie = _trie(names)
-        escaped = cs.json_class_text(cs.difference(cs.ANY, cs.JSON_RAW))
-
-        def leave(node: dict) -> str:  # a trie path, then a raw character off the trie
-            kids = [k for k in node if k]
-            alts = [cs.json_class_text(cs.difference(cs.JSON_RAW, cs.of_chars("".join(kids))))]
-            alts += [cs.json_class_text(cs.of_chars(k)) + leave(node[k]) for k in kids]
-            return "(?:" + "|".join(alts) + ")"
-
-        def prefix(node: dict, names_too: bool) -> str | None:  # a trie path (ending at a name if names_too)
-            kids = [(k, prefix(node[k], names_too)) for k in node if k]
-            alts = [""] if names_too or not node.get("") else []
-            alts += [cs.json_class_text(cs.of_chars(k)) + p for k, p in kids if p is not None]
-            return "(?:" + "|".join(alts) + ")" if alts else None
-
-        ended = prefix(trie, False)
-        tail = f"(?:{leave(trie)}|{prefix(trie, True)}{escaped}){cs.json_class_text(cs.ANY)}*"
-        return json_string_terminal(f"(?:{tail}|{ended})" if ended is not None else tail)
-
-    def _key_not_in_per_node(self, names: list[str]) -> str:
-        """The same language, "anything" written at every trie node (names with escaped characters)."""
-        trie = _trie(names)
-        any_char = cs.json_class_text(cs.ANY)
-
-        def walk(node: dict) -> str:
-            kids = [k for k in node if k]
-            alts = [] if node.get("") else [""]
-            other = cs.difference(cs.ANY, cs.of_chars("".join(kids)))
-            alts.append(f"{cs.json_class_text(other)}{any_char}*")
-            alts += [cs.json_class_text(cs.of_chars(k)) + walk(node[k]) for k in kids]
-            return "(?:" + "|".join(alts) + ")"
-
-        return json_string_terminal(walk(trie))
-
     # ----------------------------------------------------------------------------------- arrays
     def array(self, node: dict, path: str) -> str | None:
         prefix, rest, rest_path, prefix_kw = self._item_schemas(node, path)
@@ -301,8 +90,8 @@ class TypeEmitter:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
         _check_count("minItems", path, lo, "items")
-        if node.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise SchemaError("uniqueItems", path, "item uniqueness is not context-free (only with maxItems <= 1)")
+        if node.get("uniqueItems") is True and (hi is None or hi > 1) and not (rest is False and not prefix):
+            return self._unique_array(prefix, rest, rest_path, lo, hi, path)
         for i, p in enumerate(prefix):
             if p is False:
                 hi, prefix = (i if hi is None else min(hi, i)), prefix[:i]
@@ -327,6 +116,57 @@ class TypeEmitter:
         w = self.c.ws
         body = self._items(elems, more, lo, hi, 0, path)
         return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'
+
+    def _unique_array(self, prefix: list, rest, rest_path: str, lo: int, hi: int | None, path: str) -> str | None:
+        """uniqueItems over a finite item domain: one rule per set of values written so far (the set is the
+        state), each continuing with a value not in it; refused beyond _MAX_UNIQUE values."""
+        domain = None if prefix else self._finite_values(rest, rest_path)
+        if domain is None:
+            raise SchemaError("uniqueItems", path, "distinct items are compiled only for a finite item domain (enum, "
+                                                   "const, boolean, null; no prefixItems) or with maxItems <= 1")
+        if len(domain) > _MAX_UNIQUE:
+            raise SchemaError("uniqueItems", path, f"distinct items over {len(domain)} values: the set of values "
+                                                   f"written is automaton state, compiled up to {_MAX_UNIQUE} values")
+        hi = len(domain) if hi is None else min(hi, len(domain))
+        memo: dict[frozenset, str | None] = {}
+
+        def after(used: frozenset) -> str | None:  # the rest of the array once `used` is written
+            if used not in memo:
+                alts = [f"{self.comma} {lark_literal(v)} {after(used | {v}) or ''}".strip()
+                        for v in domain if v not in used and len(used) < hi and after(used | {v}) is not None]
+                end = len(used) >= lo
+                body = " | ".join(f"({a})" for a in alts)
+                memo[used] = None if not alts and not end else "" if not alts else \
+                    self.c.rule_text(f"{path}/unique", f"({body})?" if end else body)
+            return memo[used]
+
+        firsts = [f"{lark_literal(v)} {after(frozenset([v])) or ''}".strip() for v in domain
+                  if hi >= 1 and after(frozenset([v])) is not None]
+        w = self.c.ws
+        alts = [f'"["{w} ({" | ".join(firsts)}){w} "]"'] if firsts else []
+        alts += [f'"["{w} "]"'] if lo == 0 else []
+        return " | ".join(alts) or None
+
+    def _finite_values(self, items, items_path: str) -> list[str] | None:
+        """Canonical texts of every value the item schema admits, when that set is finite and known."""
+        if not isinstance(items, dict):
+            return None
+        node, _ = self.c.flatten(items, items_path)
+        keys = {k for k in node if k not in logic.ANNOTATIONS}
+        if "enum" in keys or "const" in keys:
+            if keys - {"enum", "const", "type"}:
+                return None
+            values = node["enum"] if "enum" in node else [node["const"]]
+            values = [v for v in values if logic.value_ok(v, node, items_path)]
+            if "enum" in node and "const" in node:
+                values = [v for v in values if logic.canonical(v) == logic.canonical(node["const"])]
+            # one text per JSON value: validators compare objects regardless of key order, and 1 equals 1.0
+            unique = {json.dumps(logic._norm(v), sort_keys=True): logic.canonical(logic._norm(v)) for v in values}
+            return list(dict.fromkeys(unique.values()))
+        if keys == {"type"} and logic.type_set(node, items_path) <= {"boolean", "null"}:
+            types = logic.type_set(node, items_path)
+            return [t for t in ("true", "false", "null") if ("null" if t == "null" else "boolean") in types]
+        return None
 
     def _item_schemas(self, node: dict, path: str):
         if self.c.draft >= 2020:
@@ -400,6 +240,16 @@ class TypeEmitter:
             return None
         return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
 
+    def string_except(self, node: dict, path: str, values: list[str]) -> str | None:
+        """Strings of the node other than ``values`` (``not {enum}``): the pattern's DFA minus the values."""
+        if any(k in node for k in ("minLength", "maxLength", "format")):
+            raise SchemaError("not", path, "excluding strings next to minLength/maxLength/format is not compiled")
+        try:
+            inside = [rx.translate(node["pattern"], cs.class_text, search=True)] if "pattern" in node else []
+        except rx.RegexError as e:
+            raise SchemaError("pattern", path, str(e)) from None
+        return self._add_rules(f"{path}/string", lambda n: key_region_rules(inside, values, n, cs.ANY))[0]
+
     def _length_automaton(self, node: dict, path: str, lo: int, hi: int | None, width) -> str | None:
         """Pattern/format ∩ length range as right-linear rules over a DFA × counter product."""
         fmt = node.get("format")
@@ -419,7 +269,7 @@ class TypeEmitter:
     def _string_body(self, node: dict, path: str):
         fmt, pattern = node.get("format"), node.get("pattern")
         if fmt is not None and fmt not in FORMATS:
-            if self.c.options.unknown_formats == "ignore":
+            if self.c.options.unknown_formats == "ignore" or fmt not in SPEC_FORMATS:  # no validator checks it
                 fmt = None
             else:
                 raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "

@@ -26,7 +26,7 @@ from collections import Counter
 import numpy as np
 
 from specjax.grammar import _deadline
-from specjax.grammar._dfa import byte_classes, minimize, row_ids
+from specjax.grammar._dfa import byte_classes, coreachable, minimize, row_ids
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.frontend import Cfg
 
@@ -76,7 +76,7 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
     """
     builder = _Builder(cfg, max_depth, max_states, name, max_ignore, leading_ignore)
     trans, raw_accept, builder = builder.run()  # over byte classes
-    alive = _coreachable(trans, raw_accept)
+    alive = coreachable(trans, raw_accept)
     if not alive[0]:
         why = (f" within nesting depth {max_depth} (max_depth)"
                if builder.truncated else " (no string satisfies both the rules and the greedy lexer)")
@@ -111,7 +111,7 @@ def _length_bounded(dfa, max_len: int):
         step = dfa.trans
         trans[k * n:(k + 1) * n] = np.where(step >= 0, step + (k + 1) * n, -1)
     accept = np.tile(dfa.accept, max_len + 1)
-    alive = _coreachable(trans, accept)  # a lexeme that can no longer end must not keep the lexer greedy
+    alive = coreachable(trans, accept)  # a lexeme that can no longer end must not keep the lexer greedy
     trans = np.where((trans >= 0) & alive[np.maximum(trans, 0)], trans, -1)
     return minimal_dfa(trans, accept)
 
@@ -164,16 +164,6 @@ def _recursive_rules(cfg: Cfg) -> list[bool]:
                 parent = work[-1][0]
                 low[parent] = min(low[parent], low[v])
     return out
-
-
-def _coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
-    alive = accept.copy()
-    while True:
-        _deadline.check()
-        step = alive | ((trans >= 0) & alive[np.maximum(trans, 0)]).any(axis=1)
-        if (step == alive).all():
-            return alive
-        alive = step
 
 
 class _Builder:

@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from lark.load_grammar import load_grammar
-
 from specjax.grammar import _charsets as cs
+from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
 
@@ -30,11 +30,7 @@ __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 _MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
 _REFUSAL_WHY = {
-    "patternProperties": "keys matching a pattern would need regex intersection and complement with the other keys",
     "propertyNames": "key constraints are not compiled",
-    "not": "complement of a context-free language is not a grammar",
-    "if": "conditional schemas are not compiled", "then": "conditional schemas are not compiled",
-    "else": "conditional schemas are not compiled",
     "contains": "counting matching items is not compiled",
     "uniqueItems": "item uniqueness is not context-free",
 }
@@ -96,21 +92,6 @@ def draft_of(schema) -> int:
     return 2020
 
 
-def _productive(text: str) -> bool:
-    """Whether the grammar's start rule derives some finite string (lark's own grammar loader, BNF)."""
-    grammar, _ = load_grammar(text, "<json-schema>", [], False)
-    _, rules, _ = grammar.compile(["start"], set())
-    done: set[str] = set()
-    changed = True
-    while changed and "start" not in done:
-        changed = False
-        for rule in rules:
-            if rule.origin.name not in done and all(s.is_term or s.name in done for s in rule.expansion):
-                done.add(rule.origin.name)
-                changed = True
-    return "start" in done
-
-
 class _Compiler:
     """Walks the schema, writing one Lark rule per schema location (memoized: $ref cycles recurse)."""
 
@@ -137,7 +118,7 @@ class _Compiler:
         if self.ws_terminal:
             lines.append(self.ws_terminal)
         text = "\n".join(lines) + "\n"
-        if self.has_refs and not _productive(text):
+        if self.has_refs and "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
             raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
                                                 "references (empty language)")
         return text
@@ -219,6 +200,11 @@ class _Compiler:
             # properties (allOf [{$ref: self}, …]) becomes a recursive rule instead of unrolling.
             return self.rule(flat, path, key="merged:" + logic.canonical(flat))
         node = flat
+        if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
+            new = conditions.conditional(node, path, self.flatten)
+            return self.rule(new, path, key="if:" + logic.canonical(new))
+        if (new := conditions.split_not(node, path, self.flatten)) is not None:
+            return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):
             if kw in node:
                 return self.alternatives(node, kw, path)
@@ -273,6 +259,31 @@ class _Compiler:
                 raise SchemaError("$ref", path, f"target {ref!r} does not exist") from None
         return node, "#" + ref[1:]
 
+    def exclusive(self, flats: list, path: str) -> list:
+        """oneOf branches as disjoint pieces: a branch that may overlap others becomes ``allOf [Bᵢ, ¬Bⱼ…]``, the
+        complements by case analysis (``_json_conditions.negate``), one piece per combination (up to 64)."""
+        out = []
+        for i, (flat, fpath, _, _) in enumerate(flats):
+            overlap = [j for j in range(len(flats)) if j != i and not logic.disjoint(flat, flats[j][0], path)]
+            if not overlap:
+                out.append(flats[i])
+                continue
+            try:
+                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten) for j in overlap]
+            except SchemaError as e:
+                raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
+                                                 f"the complement of a branch is not compiled ({e.why})") from None
+            combos = [[]]
+            for options in negs:
+                combos = [c + [n] for c in combos for n in options]
+                if len(combos) > 64:
+                    raise SchemaError("oneOf", path, f"branch {i} overlaps others in more than 64 cases")
+            for k, combo in enumerate(combos):
+                # each piece is its own schema location: the rules of its members are memoized by path
+                piece = {"allOf": [flat, *combo]}
+                out.append((piece, f"{fpath}/(case {k})", "oneOf:" + logic.canonical(piece), piece))
+        return out
+
     def alternatives(self, node: dict, kw: str, path: str) -> str:
         """anyOf (union) or oneOf (union of provably disjoint branches); siblings distribute into each."""
         branches = node[kw]
@@ -293,21 +304,16 @@ class _Compiler:
                 flat, fpath = self.flatten(branch, bpath)
                 if rest:  # siblings distribute into each branch: a derived schema, memoized by content
                     merged = logic.merge(rest, flat, bpath)
-                    flats.append((merged, bpath, "merged:" + logic.canonical(merged)))
+                    flats.append((merged, bpath, "merged:" + logic.canonical(merged), flat))
                 else:
-                    flats.append((flat, fpath, fpath))
+                    flats.append((flat, fpath, fpath, flat))
             except EmptySchemaError:
                 continue  # a branch nothing satisfies adds nothing to the union
         if kw == "oneOf":
-            for i in range(len(flats)):
-                for j in range(i + 1, len(flats)):
-                    if not logic.disjoint(flats[i][0], flats[j][0], path):
-                        raise SchemaError("oneOf", path, f"branches {i} and {j} may both match an instance; "
-                                                         "only provably disjoint branches (types, const/enum, "
-                                                         "required discriminator) are supported")
+            flats = self.exclusive(flats, path)
         if not flats:
             raise EmptySchemaError(kw, path, "no branch can match (empty language)")
-        for flat, fpath, key in flats:
+        for flat, fpath, key, _ in flats:
             try:
                 names.append(self.rule(flat, fpath, key))
             except EmptySchemaError:

@@ -77,16 +77,52 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     row_index: dict[bytes, int] = {}
     row_keys: list[np.ndarray] = []
     row_of_rep = np.zeros(len(reps), np.int64)
-    for lo in range(0, len(reps), _CHUNK):
-        _deadline.check()
-        chunk = reps[lo:lo + _CHUNK]
-        alive_ru = _walk(trans_sc, n_cls, chunk, trie, len(uniq))
-        alive_ru = np.concatenate([alive_ru, auto.accept_s[chunk][:, None]], axis=1)
-        for i, key in enumerate(np.packbits(alive_ru, axis=1)):
-            row_of_rep[lo + i] = row_index.setdefault(key.tobytes(), len(row_index))
-            if row_of_rep[lo + i] == len(row_keys):
-                row_keys.append(key)
+    for members, stays, sub, sub_trie in _loop_groups(trans_sc, reps, uniq, trie):
+        local: dict[bytes, int] = {}  # this group's rows told apart over its leaving strings only
+        for lo in range(0, len(members), _CHUNK):
+            _deadline.check()
+            chunk = members[lo:lo + _CHUNK]
+            alive = _walk(trans_sc, n_cls, reps[chunk], sub_trie, len(sub))
+            alive = np.concatenate([alive, auto.accept_s[reps[chunk]][:, None]], axis=1)
+            packed = np.packbits(alive, axis=1)
+            keys, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1),
+                                              return_index=True, return_inverse=True)
+            ids = np.zeros(len(keys), np.int64)
+            for k, key in enumerate(keys):  # one Python step per distinct row, not per state
+                if (j := local.get(key.tobytes())) is None:
+                    bits = np.unpackbits(packed[first[k]], count=len(sub) + 1).view(bool)
+                    full = stays.copy()  # a string that never leaves the state's self-loops keeps it alive
+                    full[sub] = bits[:-1]
+                    row = np.packbits(np.append(full, bits[-1]))
+                    j = local[key.tobytes()] = row_index.setdefault(row.tobytes(), len(row_index))
+                    if j == len(row_keys):
+                        row_keys.append(row)
+                ids[k] = j
+            row_of_rep[chunk] = ids[inverse.reshape(-1)]
     return _expand_rows(np.stack(row_keys), vocab, tok_string, len(uniq)), row_of_rep[state_class].astype(np.int32)
+
+
+def _loop_groups(trans_sc: np.ndarray, reps: np.ndarray, uniq: np.ndarray, trie: _Trie):
+    """Representatives grouped by their self-loop classes: (members, stays [U], leaving strings, their trie).
+
+    A class string made only of a state's self-loop classes walks from the state back to itself, so it is alive
+    there (the automaton is trimmed: every live state can still accept); only the other strings need a walk.
+    Inside a free-text string most of the vocabulary loops, so each such state walks a few thousand strings
+    (those with a quote, backslash, ...) instead of the whole trie: the walk was ~80% of a schema's mask table.
+    Groups where most strings leave walk the shared full trie.
+    """
+    loops_rc = trans_sc[reps] == reps[:, None]
+    loops_rc[reps == DEAD] = False  # the dead state loops on everything but is alive nowhere
+    group = row_ids(loops_rc.astype(np.int64))
+    everything = np.arange(len(uniq))
+    for g in range(int(group.max()) + 1 if len(group) else 0):
+        members = np.nonzero(group == g)[0]
+        stays = trie.strings_within(loops_rc[members[0]], len(uniq))
+        sub = np.nonzero(~stays)[0]
+        if len(sub) > len(uniq) // 2:
+            yield members, np.zeros(len(uniq), bool), everything, trie
+        else:
+            yield members, stays, sub, _Trie(uniq[sub])
 
 
 def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray, n_strings: int) -> np.ndarray:
@@ -135,10 +171,10 @@ class _Trie:
     children of a node of the level above are one contiguous range (``child_start``)."""
 
     def __init__(self, strings_ul: np.ndarray):
-        self.symbol, self.child_start, self.end_string = [], [], []
+        self.symbol, self.child_start, self.end_string, self.parent = [], [], [], []
         node = np.zeros(len(strings_ul), np.int64)  # node of each string's prefix at the previous level
         lengths = (strings_ul > 0).sum(axis=1)
-        base = int(strings_ul.max()) + 1
+        base = int(strings_ul.max(initial=0)) + 1
         n_above = 1  # the root
         for k in range(strings_ul.shape[1]):
             live = np.nonzero(lengths > k)[0]
@@ -148,12 +184,24 @@ class _Trie:
             uniq, inv = np.unique(key, return_inverse=True)  # sorted by parent, then symbol
             node[live] = inv.reshape(-1)
             self.symbol.append((uniq % base) - 1)
+            self.parent.append(uniq // base)
             self.child_start.append(np.searchsorted(uniq // base, np.arange(n_above + 1)))
             end = np.full(len(uniq), -1, np.int64)
             done = live[lengths[live] == k + 1]
             end[node[done]] = done  # strings are unique: at most one ends at a node
             self.end_string.append(end)
             n_above = len(uniq)
+
+    def strings_within(self, allowed_c: np.ndarray, n_strings: int) -> np.ndarray:
+        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes)."""
+        out = np.zeros(n_strings, bool)
+        inside = np.ones(1, bool)  # the root
+        for symbol, parent, end_string in zip(self.symbol, self.parent, self.end_string, strict=True):
+            inside = inside[parent] & allowed_c[symbol]
+            out[end_string[inside & (end_string >= 0)]] = True
+            if not inside.any():
+                break
+        return out
 
 
 def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: _Trie, n_strings: int) -> np.ndarray:

@@ -120,15 +120,19 @@ def _dump(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_generated_outputs_validate_and_parse(name):
-    schema = SCHEMAS[name]
+def check_samples(schema, seed: int, n: int) -> None:
+    """n strings sampled from the schema's grammar validate with jsonschema and parse with lark."""
     text = json_schema_to_lark(schema)
-    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(1)
-    for _ in range(25):
+    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(seed)
+    for _ in range(n):
         s = sampler.sample(rng)
         check.validate(json.loads(s))
         assert _parses(parser, s), s
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_generated_outputs_validate_and_parse(name):
+    check_samples(SCHEMAS[name], seed=1, n=25)
 
 
 @pytest.mark.parametrize(("name", "valid", "invalid"), [
@@ -221,18 +225,15 @@ def test_draft_detection_matches_jsonschema():
 
 
 @pytest.mark.parametrize(("schema", "keyword", "path", "why"), [
-    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties", "#", "regex intersection"),
-    ({"properties": {"a": {"not": {"type": "null"}}}}, "not", "#/properties/a", "complement"),
-    ({"if": {}, "then": {}}, "if", "#", "conditional"),
     ({"oneOf": [{"type": "integer"}, {"minimum": 3}]}, "oneOf", "#", "branches 0 and 1 may both match"),
-    ({"type": "string", "format": "hostname"}, "format", "#", "format 'hostname' has no exact grammar"),
+    ({"type": "string", "format": "ipv6"}, "format", "#", "format 'ipv6' has no exact grammar"),
     ({"type": "string", "pattern": "a(?=b)"}, "pattern", "#", "lookaround at column 2"),
     ({"items": {"$ref": "other.json#/x"}}, "$ref", "#/items", "only local JSON-pointer references"),
     ({"$ref": "#/$defs/missing"}, "$ref", "#", "does not exist"),
     ({"type": "string", "format": "email", "maxLength": 255}, "maxLength", "#", "more than 10000 automaton states"),
     ({"type": "integer", "multipleOf": 3}, "multipleOf", "#", "only multipleOf 1"),
     ({"type": "number", "minimum": 0.5}, "minimum", "#", "integer bounds"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems", "#", "not context-free"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems", "#", "finite item domain"),
     ({"$schema": "http://json-schema.org/draft-03/schema#"}, "$schema", "#", "draft-03 is not supported"),
     ({"type": "array", "items": [{}]}, "items", "#", "prefixItems"),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "prefixItems": [{}]}, "prefixItems", "#", "draft 7"),
@@ -249,7 +250,7 @@ def test_draft_detection_matches_jsonschema():
      "boolean is draft 4 syntax"),
     ({"type": "bool"}, "type", "#", "unknown type 'bool'"),
     ({"enum": [{"a": 1}], "properties": {}}, "properties", "#", "cannot be combined with enum"),
-    ({"enum": ["x"], "format": "hostname"}, "format", "#", "cannot be combined with enum"),
+    ({"enum": ["x"], "format": "ipv6"}, "format", "#", "cannot be combined with enum"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "type", "#", "empty language"),
     ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, "$ref", "#",
      "recurse forever"),
@@ -267,7 +268,7 @@ def test_bad_options_are_refused():
         JsonSchemaOptions(whitespace="pretty")
     with pytest.raises(ValueError, match="unknown_formats must be"):
         JsonSchemaOptions(unknown_formats="drop")
-    ignored = json_schema_to_lark({"type": "string", "format": "hostname"}, JsonSchemaOptions(unknown_formats="ignore"))
+    ignored = json_schema_to_lark({"type": "string", "format": "ipv6"}, JsonSchemaOptions(unknown_formats="ignore"))
     assert _parses(_parser(ignored), '"not a host name!"')
 
 
@@ -350,98 +351,3 @@ def test_union_branch_with_conflicting_constants_is_dropped():
     assert _parses(parser, '"a"') and not _parses(parser, '"b"')
     with pytest.raises(SchemaError, match="different constants"):
         json_schema_to_lark({"allOf": [{"const": 1}, {"const": 2}]})
-
-
-@pytest.mark.parametrize("names", [["a", "ab", "b"], [], [""], ["x", "xy", "xyz", "é", "日本"], ["a\"b", "c"]])
-def test_other_key_terminal_equals_the_per_node_form(names):
-    """The shared-tail "any other key" regex has the language of the per-node one, and no listed name."""
-    import itertools
-    import re as regex
-
-    from specjax.grammar._json_schema_types import TypeEmitter
-
-    class Owner:
-        options, ws = JsonSchemaOptions(), ""
-
-    emitter = TypeEmitter(Owner())
-    fast, slow = (regex.compile(t[1:-1].replace("\\x22", '"'))
-                  for t in (emitter._key_not_in(names), emitter._key_not_in_per_node(names)))
-    alphabet = ["a", "b", "x", "y", "z", "é", "日", "本", '\\"', "\\n", "\\u0001", "\\\\"]
-    keys = ['"' + "".join(p) + '"' for n in range(4) for p in itertools.product(alphabet, repeat=n)]
-    keys += [json.dumps(n, ensure_ascii=False) for n in names]
-    assert [k for k in keys if bool(fast.fullmatch(k)) != bool(slow.fullmatch(k))] == []
-    assert not any(fast.fullmatch(json.dumps(n, ensure_ascii=False)) for n in names)
-    long_names = ["abcdefgh", "abcdxyz"]
-    assert len(emitter._key_not_in(long_names)) < len(emitter._key_not_in_per_node(long_names)) / 2
-
-
-PROPERTY_COUNTS = [
-    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
-     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},
-     "dependencies": {"a": ["c"], "c": ["b"]}},
-    {"type": "object", "minProperties": 1, "dependentRequired": {"b": ["a"], "c": ["b"]},
-     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}},
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 1},
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},
-     "required": ["c"], "maxProperties": 2, "additionalProperties": False},
-    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "x": {"type": "boolean"}},
-     "minProperties": 2, "maxProperties": 2, "additionalProperties": False},
-    {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": {"type": "boolean"}},
-]
-
-
-@pytest.mark.parametrize("schema", PROPERTY_COUNTS)
-def test_min_and_max_properties_and_dependencies_are_exact(schema):
-    import itertools
-
-    text = json_schema_to_lark(schema)
-    sampler, parser, check, rng = LarkSampler(text), _parser(text), _validator(schema), random.Random(3)
-    for _ in range(60):
-        check.validate(json.loads(sampler.sample(rng)))  # sound
-    values = {"a": "1", "b": "2", "c": "1", "x": "true"}
-    for n in range(5):  # complete: every valid object of these keys in canonical order parses, no other does
-        for keys in itertools.combinations(["a", "b", "c", "x"], n):
-            doc = "{" + ",".join(f'"{k}":{values[k]}' for k in keys) + "}"
-            assert _parses(parser, doc) == check.is_valid(json.loads(doc)), (schema, doc)
-
-
-def test_impossible_property_counts_are_empty():
-    from specjax.grammar.json_schema import EmptySchemaError
-
-    with pytest.raises(EmptySchemaError, match="minProperties"):
-        json_schema_to_lark({"type": "object", "properties": {"a": {}}, "additionalProperties": False,
-                             "minProperties": 2})
-    with pytest.raises(SchemaError, match="maxProperties"):
-        json_schema_to_lark({"type": "object", "maxProperties": 1000})
-    with pytest.raises(SchemaError, match="cannot keep extra keys distinct"):  # {"k":1,"k":2} is one member
-        json_schema_to_lark({"type": "object", "properties": {"a": {}}, "minProperties": 3})
-
-
-def test_max_repeat_bounds_free_arrays_and_extra_properties():
-    schema = {"type": "object", "properties": {"t": {"type": "array", "items": {"type": "integer"}, "minItems": 1}},
-              "additionalProperties": {"type": "integer"}}
-    text = json_schema_to_lark(schema, JsonSchemaOptions(max_repeat=3))
-    parser, check = _parser(text), _validator(schema)
-    for doc, ok in [('{"t":[1,2,3]}', True), ('{"t":[1,2,3,4]}', False), ('{"t":[1],"a":1,"b":2,"c":3}', True),
-                    ('{"t":[1],"a":1,"b":2,"c":3,"d":4}', False), ('{"a":1}', True)]:
-        assert _parses(parser, doc) == ok and check.is_valid(json.loads(doc)), doc
-    sampler, rng = LarkSampler(text), random.Random(0)
-    for _ in range(40):
-        check.validate(json.loads(sampler.sample(rng)))
-    many = {"type": "array", "items": {"type": "integer"}, "minItems": 5}  # minItems above the bound wins
-    assert _parses(_parser(json_schema_to_lark(many, JsonSchemaOptions(max_repeat=3))), "[1,2,3,4,5]")
-    tree = {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}}, "$ref": "#/$defs/t"}
-    assert "~" not in json_schema_to_lark(tree, JsonSchemaOptions(max_repeat=3))  # may recurse: unbounded
-
-
-def test_property_names_filter_listed_properties():
-    schema = {"type": "object", "additionalProperties": False, "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 2},
-              "properties": {"ab": {"type": "integer"}, "Xy": {"type": "integer"}, "abc": {"type": "integer"}}}
-    parser, check = _parser(json_schema_to_lark(schema)), _validator(schema)
-    for doc in ['{}', '{"ab":1}', '{"Xy":1}', '{"abc":1}', '{"ab":1,"Xy":2}']:
-        assert _parses(parser, doc) == check.is_valid(json.loads(doc)), doc
-    with pytest.raises(SchemaError, match="pass strict_objects"):
-        json_schema_to_lark({**schema, "additionalProperties": True})
-    assert "ab" in json_schema_to_lark({**schema, "additionalProperties": True}, JsonSchemaOptions(strict_objects=True))
-    with pytest.raises(SchemaError, match="not a valid property name"):
-        json_schema_to_lark({**schema, "required": ["Xy"]})

@@ -114,7 +114,8 @@ def commit(ctx: RoundContext, row: SpecRow, tokens_bt, n_b) -> SpecRow:
     return row.replace(pos_b=row.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, row.last_b))
 
 
-def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, hidden_btd, block=(None, None, None)) -> SpecState:
+def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, hidden_btd,
+            block=(None, None, None)) -> SpecState:
     """Shows the drafter what the round committed (row `old` → s.row) and the target's hidden states there;
     `block`: (block_bt, block_top_btr, block_len_b) of a speculative round (`Observation`)."""
     obs = Observation(tokens_bt=tokens_bt, hidden_btd=hidden_btd, n_b=s.row.count_b - old.count_b, pos_b=old.pos_b,

@@ -114,7 +114,8 @@ def compact(tokens_bn: jax.Array, parent_bn: jax.Array, valid_bn: jax.Array, k: 
         order_bn, valid_bn = jnp.pad(order_bn, pad), jnp.pad(valid_bn, pad)
     order_bk = order_bn[:, :k]
     old_parent_bk = jnp.take_along_axis(parent_bn, order_bk, axis=1)
-    parent_bk = jnp.where(old_parent_bk < 0, -1, jnp.take_along_axis(new_index_bn, jnp.maximum(old_parent_bk, 0), axis=1))
+    renumbered_bk = jnp.take_along_axis(new_index_bn, jnp.maximum(old_parent_bk, 0), axis=1)
+    parent_bk = jnp.where(old_parent_bk < 0, -1, renumbered_bk)
     len_b = jnp.minimum(jnp.sum(valid_bn, axis=1), k).astype(jnp.int32)
     return jnp.take_along_axis(tokens_bn, order_bk, axis=1).astype(jnp.int32), sanitize_parents(parent_bk), len_b
 

@@ -74,7 +74,8 @@ def update_table(table_vr: jax.Array, tokens_bt: jax.Array, top_btr: jax.Array, 
       top_btr: the target's r best next tokens after each of them, best first.
       len_b: how many of each row's tokens count (the rest are padding).
 
-    A token seen twice in one call keeps one of its rankings (both are the target's, in some context).
+    A token seen twice in one call keeps one of its rankings (each is the target's, in some context; which
+    one is up to XLA's scatter).
     """
     v = table_vr.shape[0]
     t = tokens_bt.shape[1]
@@ -106,16 +107,22 @@ def insert_committed(table_vr: jax.Array, prev_b: jax.Array, tokens_bt: jax.Arra
 
 
 def seed_from_prompts(table_vr: jax.Array, tokens_bt: jax.Array, len_b: jax.Array) -> jax.Array:
-    """Each prompt pair x_t → x_{t+1} as rank 0 of table[x_t] (later pairs win): what follows a token in the
-    prompt is a likely first guess of what follows it in the answer (prompt lookup's bet)."""
+    """Each prompt pair x_t → x_{t+1} as rank 0 of table[x_t]: what follows a token in the prompt is a
+    likely first guess of what follows it in the answer (prompt lookup's bet). Of a token's pairs the
+    latest wins (a later row's over an earlier row's)."""
     t = tokens_bt.shape[1]
     if t < 2:
         return table_vr
     v = table_vr.shape[0]
     pair_bt = jnp.arange(t - 1)[None, :] < (len_b[:, None] - 1)
-    # One scatter; within a row, positions are written in order, so the latest pair of a token wins on XLA:CPU.
-    idx = jnp.where(pair_bt, tokens_bt[:, :-1], v).reshape(-1)
-    return table_vr.at[idx, 0].set(tokens_bt[:, 1:].reshape(-1).astype(jnp.int32), mode="drop")
+    from_n = jnp.where(pair_bt, tokens_bt[:, :-1], v).reshape(-1)
+    # A scatter with repeated indices keeps an unspecified one: write only each token's last pair
+    # (found by a scatter-max of the flat pair index, which is order-free).
+    flat_n = jnp.arange(from_n.shape[0], dtype=jnp.int32)
+    last_v = jnp.full((v,), -1, jnp.int32).at[from_n].max(flat_n, mode="drop")
+    keep_n = (from_n < v) & (last_v[jnp.clip(from_n, 0, v - 1)] == flat_n)
+    return table_vr.at[jnp.where(keep_n, from_n, v), 0].set(tokens_bt[:, 1:].reshape(-1).astype(jnp.int32),
+                                                          mode="drop")
 
 
 def expand(table_vr: jax.Array, root_b: jax.Array, tree: StaticTree) -> tuple[jax.Array, jax.Array]:

@@ -26,6 +26,7 @@ _EXPORTS = {
     "Draft": "spec.drafters.base", "Drafter": "spec.drafters.base", "Observation": "spec.drafters.base",
     "Prefill": "spec.drafters.base",
     "NgramDrafter": "spec.drafters.ngram", "LayerSkipDrafter": "spec.drafters.layer_skip",
+    "LookupTreeDrafter": "spec.drafters.lookup_tree", "RecycleDrafter": "spec.drafters.recycle",
     "DraftModelDrafter": "spec.drafters.draft_model", "MedusaDrafter": "spec.drafters.medusa",
     "EagleDrafter": "spec.drafters.eagle", "build_drafter": "spec.drafters.registry",
     "StaticTree": "spec.trees",

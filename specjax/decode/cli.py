@@ -17,6 +17,7 @@ from specjax.decode.options import DecodeOptions
 from specjax.decode.output import CompletionWriter
 from specjax.decode.prompts import OptionError, check_grammar_inputs, check_limit, collect_prompts
 from specjax.decode.sampling import SamplingConfig, SamplingError
+from specjax.decode.spec.drafters.registry import METHODS
 from specjax.distributed import DistributedError, initialize, is_primary
 from specjax.grammar.errors import GrammarError
 from specjax.models.config import ConfigError
@@ -61,7 +62,7 @@ def generate_config(opts: DecodeOptions) -> GenerateConfig:
                           batch_size=opts.batch_size, chat=opts.chat, grammar=grammar_spec(opts))
 
 
-SPEC_METHODS = ("none", "ngram", "layerskip", "draft", "medusa", "eagle")
+SPEC_METHODS = ("none", *METHODS)  # the registry's, plus plain decoding
 
 
 def spec_config(opts: DecodeOptions):

@@ -58,13 +58,16 @@ class DrafterOptions:
     draft_checkpoint: str | None = _SPEC.draft_checkpoint
     eagle_depth: int = _SPEC.eagle_depth
     eagle_top_k: int = _SPEC.eagle_top_k
+    lookup_branches: int = _SPEC.lookup_branches
+    lookup_depth: int = _SPEC.lookup_depth
+    recycle_width: int = _SPEC.recycle_width
     draft_vocab: int = _SPEC.draft_vocab
     draft_vocab_corpus: str | None = _SPEC.draft_vocab_corpus
 
 
 @dataclasses.dataclass
 class SpecOptions:
-    """spec: speculative decoding. method: none | ngram | layerskip | draft | medusa | eagle."""
+    """spec: speculative decoding. method: none | ngram | lookup | recycle | layerskip | draft | medusa | eagle."""
 
     method: str = "none"
     k: int = _SPEC.k
@@ -82,7 +85,8 @@ class SpecOptions:
             verify_cost=a.verify_cost, min_best_gain=float(a.min_best_gain), max_ngram=d.max_ngram,
             min_ngram=d.min_ngram, layers=tuple(d.layer_list) or d.layers, confidence=float(d.confidence),
             draft_model=d.draft_model, draft_checkpoint=d.draft_checkpoint, eagle_depth=d.eagle_depth,
-            eagle_top_k=d.eagle_top_k, draft_vocab=d.draft_vocab, draft_vocab_corpus=d.draft_vocab_corpus)
+            eagle_top_k=d.eagle_top_k, draft_vocab=d.draft_vocab, draft_vocab_corpus=d.draft_vocab_corpus,
+            lookup_branches=d.lookup_branches, lookup_depth=d.lookup_depth, recycle_width=d.recycle_width)
 
 
 @dataclasses.dataclass
@@ -150,7 +154,8 @@ FLAT_ALIASES = {
     "spec_adaptive": "spec.adaptive.enabled",
     **{f"spec_{n}": f"spec.drafter.{n}" for n in ("max_ngram", "min_ngram", "layers", "layer_list", "confidence")},
     **{n: f"spec.drafter.{n}" for n in ("draft_model", "draft_checkpoint", "eagle_depth", "eagle_top_k",
-                                        "draft_vocab", "draft_vocab_corpus")},
+                                        "draft_vocab", "draft_vocab_corpus", "lookup_branches", "lookup_depth",
+                                        "recycle_width")},
 }
 
 

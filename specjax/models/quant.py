@@ -134,6 +134,24 @@ class BlockQuant(nnx.Module):
         local_m = jnp.take_along_axis(arg_nm, best_m[None, :], axis=0)[0]
         return (best_m * rows + local_m).astype(jnp.int32)
 
+    def top_k_chunked(self, x_mi: jax.Array, r: int, chunk: int = CHUNK_ROWS) -> jax.Array:
+        """Indices of the r largest entries of each row of `matmul_chunked(x_mi)` (int32 [M, r], best first).
+
+        Each block keeps its own top r; the merge over the blocks' candidates (block-major, so ties
+        resolve to the lowest index as in `jax.lax.top_k` and `argmax_chunked`: column 0 is the argmax).
+        """
+        def reduce(y_mr):
+            val_mr, idx_mr = jax.lax.top_k(y_mr, r)
+            return val_mr, idx_mr.astype(jnp.int32)
+
+        val_nmr, idx_nmr = self._scan_blocks(x_mi, chunk, reduce)
+        n, m, _ = val_nmr.shape
+        rows = self.shape[0] // n
+        idx_nmr = idx_nmr + (jnp.arange(n, dtype=jnp.int32) * rows)[:, None, None]
+        flat = lambda a_nmr: jnp.moveaxis(a_nmr, 0, 1).reshape(m, n * r)
+        _, pick_mr = jax.lax.top_k(flat(val_nmr), r)
+        return jnp.take_along_axis(flat(idx_nmr), pick_mr, axis=1)
+
     def _scan_blocks(self, x_mi: jax.Array, chunk: int, out_fn):
         """Stacks out_fn(x @ Wᵀ restricted to each block of `chunk` output rows) over the blocks."""
         o, i = self.shape

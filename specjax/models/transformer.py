@@ -205,6 +205,14 @@ class Transformer(nnx.Module):
             return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
         return jnp.argmax(self.logits(hidden_btd, live), axis=-1).astype(jnp.int32)
 
+    def top_tokens(self, hidden_btd: jax.Array, r: int) -> jax.Array:
+        """The r most likely tokens of `logits(hidden_btd)`, best first (int32 [B, T, r]; [..., 0] is
+        `greedy_tokens`' argmax). Few rows on CPU never build the logits (`BlockQuant.top_k_chunked`)."""
+        b, t, d = hidden_btd.shape
+        if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
+            return self.head_quant.top_k_chunked(hidden_btd.reshape(b * t, d), r).reshape(b, t, r)
+        return jax.lax.top_k(self.logits(hidden_btd), r)[1].astype(jnp.int32)
+
     def _float_table(self):
         """The float32 / bfloat16 head table (the embedding when tied), or None when packed."""
         return self.embed if self.head is None and self.cfg.tie_embeddings else self.head

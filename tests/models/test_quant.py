@@ -1,6 +1,7 @@
 """Exact int8 copies of GGUF-quantised weights."""
 
 import gguf
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,3 +88,17 @@ def test_chunked_argmax_equals_argmax_of_the_product_ties_included():
     want = np.argmax(np.asarray(bq.matmul_chunked(x, 128)), axis=1)
     assert want[0] == 7
     np.testing.assert_array_equal(bq.argmax_chunked(x, 128), want)
+
+
+def test_chunked_top_k_equals_top_k_of_the_product_and_its_first_column_the_argmax():
+    rng = np.random.default_rng(6)
+    values = rng.integers(-3, 4, (512, 64)).astype(np.int8)
+    values[[7, 300, 301]] = 3  # tied best rows in two blocks: lowest index first, as jax.lax.top_k orders them
+    bq = BlockQuant(values, np.ones((512, 2), np.float32))
+    x = jnp.asarray(np.concatenate([np.ones((1, 64)), rng.standard_normal((4, 64))]), jnp.float32)
+    product = bq.matmul_chunked(x, 128)
+    for r in (1, 3, 8):
+        got = np.asarray(bq.top_k_chunked(x, r, 128))
+        np.testing.assert_array_equal(got, np.asarray(jax.lax.top_k(product, r)[1]))
+        np.testing.assert_array_equal(got[:, 0], bq.argmax_chunked(x, 128))
+    assert np.asarray(bq.top_k_chunked(x, 3, 128))[0].tolist() == [7, 300, 301]

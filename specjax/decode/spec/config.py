@@ -30,7 +30,8 @@ class SpecConfig:
         that doubles after each probe up to max_probe_every while speculating does not pay; verify_cost
         (None: estimated) is a speculative round's cost in plain rounds, drafting included; speculation
         is off (plain decoding) when a fully accepted round would gain less than min_best_gain.
-      method: the drafter: "ngram" (prompt lookup), "layerskip" (the target's first `layers` layers,
+      method: the drafter: "ngram" (prompt lookup), "lookup" (prompt lookup trees), "recycle" (Token
+        Recycling), "layerskip" (the target's first `layers` layers,
         or the listed ones) or "draft" (a separate model loaded from `draft_model`); built by
         `drafters.registry.build_drafter`.
       layers: layer-skip's kept layers: N for early exit after the first N, or a tuple of indices.
@@ -41,6 +42,10 @@ class SpecConfig:
         this (0 = always k tokens); for EAGLE, the least path probability a tree node needs.
       draft_checkpoint: a `python -m specjax.train` run directory holding Medusa or EAGLE heads.
       eagle_depth, eagle_top_k: EAGLE-2 tree depth and children per expanded node (tree budget: k).
+      lookup_branches, lookup_depth: the lookup tree's continuations per round and tokens read after each
+        (tree budget: k).
+      recycle_width: Token Recycling's successors kept per token (the table's width; the template's k nodes
+        use ranks below it).
     """
 
     k: int = 4
@@ -62,6 +67,9 @@ class SpecConfig:
     draft_checkpoint: str | None = None
     eagle_depth: int = 4
     eagle_top_k: int = 4
+    lookup_branches: int = 4
+    lookup_depth: int = 8
+    recycle_width: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -87,10 +95,10 @@ class SpecConfig:
 
     def drafter_key(self) -> SpecConfig:
         """What the drafter built for these options depends on: this config with the policy's fields at
-        their defaults and k at 0 (a new draft length or policy reloads nothing) — except Medusa's static
-        tree, which has k nodes. Hashable: the generator's drafter cache key."""
+        their defaults and k at 0 (a new draft length or policy reloads nothing) — except the static
+        trees of Medusa and Token Recycling, which have k nodes. Hashable: the generator's drafter cache key."""
         policy = {f.name: f.default for f in dataclasses.fields(self) if f.name in _POLICY_FIELDS}
-        return dataclasses.replace(self, **policy, k=self.k if self.method == "medusa" else _DEFAULT_K)
+        return dataclasses.replace(self, **policy, k=self.k if self.method in ("medusa", "recycle") else _DEFAULT_K)
 
     def policy(self) -> Adaptive | None:
         """The static adaptive policy, or None when every round speculates."""

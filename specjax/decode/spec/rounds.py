@@ -50,6 +50,8 @@ class RoundContext:
       adapt: the static adaptive policy (`policy.Adaptive`), or None to speculate every round.
       profile: the backend's profile (`models/backend_profile.py`).
       cheap, drafting_cost: what a draft costs (`Drafter.cheap`, `cost.draft_cost`), derived once.
+      observe_top_k: r > 0 when the drafter wants the target's top-r tokens at every verified block row
+        (`Drafter.observe_top_k`, `Observation.block_top_btr`), else 0.
     """
 
     model: Any
@@ -67,13 +69,15 @@ class RoundContext:
     profile: BackendProfile = dataclasses.field(default_factory=profile_for)
     cheap: bool = False
     drafting_cost: float = 0.0
+    observe_top_k: int = 0
 
     @classmethod
     def create(cls, model, draft_params, k: int, drafter, sampling: SamplingConfig, temperature, top_p, max_new,
                eos_ids, stop_tables, adapt=None, grammar=None, profile: BackendProfile | None = None) -> RoundContext:
         cost = draft_cost(drafter, model, draft_params, k)
         return cls(model, draft_params, k, drafter, sampling, temperature, top_p, max_new, eos_ids, stop_tables,
-                   adapt, grammar, profile or profile_for(), is_cheap(drafter), cost)
+                   adapt, grammar, profile or profile_for(), is_cheap(drafter), cost,
+                   int(getattr(drafter, "observe_top_k", 0)))
 
     @property
     def static_top_p(self):
@@ -110,9 +114,12 @@ def commit(ctx: RoundContext, row: SpecRow, tokens_bt, n_b) -> SpecRow:
     return row.replace(pos_b=row.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, row.last_b))
 
 
-def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, hidden_btd) -> SpecState:
-    """Shows the drafter what the round committed (row `old` → s.row) and the target's hidden states there."""
-    obs = Observation(tokens_bt=tokens_bt, hidden_btd=hidden_btd, n_b=s.row.count_b - old.count_b, pos_b=old.pos_b)
+def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, hidden_btd,
+            block=(None, None, None)) -> SpecState:
+    """Shows the drafter what the round committed (row `old` → s.row) and the target's hidden states there;
+    `block`: (block_bt, block_top_btr, block_len_b) of a speculative round (`Observation`)."""
+    obs = Observation(tokens_bt=tokens_bt, hidden_btd=hidden_btd, n_b=s.row.count_b - old.count_b, pos_b=old.pos_b,
+                      block_bt=block[0], block_top_btr=block[1], block_len_b=block[2])
     return s.replace(draft=ctx.drafter.observe(ctx.model, ctx.draft_params, s.draft, obs))
 
 
@@ -147,33 +154,40 @@ def propose(ctx: RoundContext, s: SpecState) -> tuple[SpecState, Draft, jax.Arra
 
 
 def verify_target(ctx: RoundContext, hidden_btd, state_bt):
-    """Greedy: the target's argmax tokens [B, k+1]; sampling: its (masked) logits [B, k+1, V]."""
+    """Greedy: the target's argmax tokens [B, k+1]; sampling: its (masked) logits [B, k+1, V]. Second: the
+    top `ctx.observe_top_k` tokens at each block row [B, k+1, r] from the same logits, or None."""
+    r = ctx.observe_top_k
     if ctx.sampling.greedy and ctx.grammar is None:
-        return ctx.model.greedy_tokens(hidden_btd)
+        if r:
+            top_btr = ctx.model.top_tokens(hidden_btd, r)
+            return top_btr[..., 0], top_btr
+        return ctx.model.greedy_tokens(hidden_btd), None
     logits_btv = ctx.model.logits(hidden_btd)
     if ctx.grammar is not None:
         logits_btv = constrain.mask_block(ctx.grammar, state_bt, logits_btv)
-    return jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if ctx.sampling.greedy else logits_btv
+    top_btr = jax.lax.top_k(logits_btv, r)[1].astype(jnp.int32) if r else None
+    return (jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if ctx.sampling.greedy else logits_btv), top_btr
 
 
 def verify_chain(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     """Chain round: causal block at consecutive positions; nothing to compact.
 
     Returns:
-      (cache, accepted_b, tokens_bt, hidden_btd of the emitted tokens' predictors, reach_b).
+      (cache, accepted_b, tokens_bt, hidden_btd of the emitted tokens' predictors, reach_b, the block's
+      top-r tokens or None: `verify_target`).
     """
     block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
     positions_bt = row.pos_b[:, None] + jnp.arange(ctx.k + 1, dtype=jnp.int32)[None, :]
     # Finished rows still ride along (static shapes); their writes land on slots they
     # will never read, within the cache because their pos_b stopped advancing.
     hidden_btd, cache = ctx.model(block_bt, positions_bt, row.cache, row.pos_b)
-    target = verify_target(ctx, hidden_btd, state_bt)
+    target, top_btr = verify_target(ctx, hidden_btd, state_bt)
     if ctx.sampling.greedy:
         accepted_b, tokens_bt = greedy_verify(target, draft.tokens_bk, draft.len_b)
     else:
         accepted_b, tokens_bt = sampling_verify(target, draft.tokens_bk, draft.len_b, key, ctx.temperature,
                                                 ctx.sampling.top_k, ctx.static_top_p, draft.q_probs_bkv)
-    return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b
+    return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b, top_btr
 
 
 def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
@@ -183,7 +197,7 @@ def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
     positions_bt = tree_lib.block_positions(row.pos_b, depth_bk)
     hidden_btd, cache = ctx.model(block_bt, positions_bt, row.cache, row.pos_b, tree_lib.block_mask(anc_bkk))
-    target = verify_target(ctx, hidden_btd, state_bt)
+    target, top_btr = verify_target(ctx, hidden_btd, state_bt)
     if ctx.sampling.greedy:
         accepted_b, tokens_bt, path_bk = tree_greedy_verify(target, draft.tokens_bk, draft.parent_bk, draft.len_b)
     else:
@@ -197,7 +211,7 @@ def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     cache = move_slots(cache, row.pos_b[:, None] + 1 + path_bk, dst_bk)
     # Observation row i must be the state that predicted the path's i-th emitted token.
     hidden_btd = jnp.take_along_axis(hidden_btd, tree_lib.path_rows(path_bk, accepted_b)[..., None], axis=1)
-    return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b)
+    return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b), top_btr
 
 
 def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> SpecState:
@@ -211,7 +225,7 @@ def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> 
     live_b = ~row.done_b
     key, sub = jax.random.split(row.key)
     verify = verify_chain if draft.parent_bk is None else verify_tree
-    cache, accepted_b, tokens_bt, hidden_btd, reach_b = verify(ctx, row, draft, sub, state_bt)
+    cache, accepted_b, tokens_bt, hidden_btd, reach_b, top_btr = verify(ctx, row, draft, sub, state_bt)
     i_k = jnp.arange(ctx.k)[None, :]
     live_b1 = live_b[:, None]
     live_i = live_b.astype(jnp.int32)
@@ -227,7 +241,11 @@ def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> 
         shadow=pol.shadow.replace(len_b=jnp.zeros_like(pol.shadow.len_b)))  # the next plain round starts afresh
     row = row.replace(cache=cache, key=key, steps=row.steps + 1)
     new_row = commit(ctx, row, tokens_bt, accepted_b + 1)
-    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tokens_bt, hidden_btd)
+    block = (None, None, None)
+    if top_btr is not None:
+        block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
+        block = (block_bt, top_btr, jnp.where(live_b, 1 + draft.len_b, 0).astype(jnp.int32))
+    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tokens_bt, hidden_btd, block)
 
 
 def advance_shadow(shadow, draft: Draft, tok_b: jax.Array, live_b: jax.Array):

@@ -91,6 +91,35 @@ def max_valid_depth(depth_bk: jax.Array, len_b: jax.Array) -> jax.Array:
     return jnp.max(jnp.where(valid_bk, depth_bk, 0), axis=1)
 
 
+def compact(tokens_bn: jax.Array, parent_bn: jax.Array, valid_bn: jax.Array, k: int):
+    """A tree of n candidate nodes (topologically ordered, some invalid) as a k-node draft, valid nodes first.
+
+    A node counts only when it and all its ancestors are valid. The valid nodes keep their order (a
+    stable sort, so parents still precede children) and fill the first len_b slots; parents are
+    renumbered. With more than k valid nodes the first k are kept (a prefix of a topological order is
+    a tree); with fewer than n = k slots the rest are padding.
+
+    Returns:
+      (tokens_bk, parent_bk, len_b): what `Draft` wants for a tree.
+    """
+    b, n = tokens_bn.shape
+    parent_bn = sanitize_parents(parent_bn)
+    anc_bnn = ancestor_mask(parent_bn)
+    valid_bn = jnp.all(~anc_bnn | valid_bn[:, None, :], axis=-1)
+    order_bn = jnp.argsort(~valid_bn, axis=1, stable=True).astype(jnp.int32)
+    new_index_bn = jnp.zeros((b, n), jnp.int32).at[jnp.arange(b)[:, None], order_bn].set(
+        jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)))
+    if n < k:  # pad with invalid nodes (never reached: len_b <= n)
+        pad = ((0, 0), (0, k - n))
+        order_bn, valid_bn = jnp.pad(order_bn, pad), jnp.pad(valid_bn, pad)
+    order_bk = order_bn[:, :k]
+    old_parent_bk = jnp.take_along_axis(parent_bn, order_bk, axis=1)
+    renumbered_bk = jnp.take_along_axis(new_index_bn, jnp.maximum(old_parent_bk, 0), axis=1)
+    parent_bk = jnp.where(old_parent_bk < 0, -1, renumbered_bk)
+    len_b = jnp.minimum(jnp.sum(valid_bn, axis=1), k).astype(jnp.int32)
+    return jnp.take_along_axis(tokens_bn, order_bk, axis=1).astype(jnp.int32), sanitize_parents(parent_bk), len_b
+
+
 @dataclasses.dataclass(frozen=True)
 class StaticTree:
     """A fixed tree shape given by top-k index paths (hashable: usable as a static jit argument).

@@ -24,8 +24,10 @@ from specjax.decode import (
     GenerateConfig,
     Generator,
     LayerSkipDrafter,
+    LookupTreeDrafter,
     MedusaDrafter,
     NgramDrafter,
+    RecycleDrafter,
     SpecConfig,
     SpeculativeGenerator,
     StaticTree,
@@ -33,7 +35,8 @@ from specjax.decode import (
 from specjax.decode.spec.drafters.draft_model import DraftModelDrafter, slice_model
 from specjax.models import DraftVocab
 
-DRAFTERS = ["ngram", "layerskip", "draft", "medusa", "eagle"]
+DRAFTERS = ["ngram", "lookup", "recycle", "layerskip", "draft", "medusa", "eagle"]
+FAST = 5  # the first FAST drafters' random-model test is in the default tier
 N = 16
 # Ragged (1 to 33 tokens with BOS). Rows 0, 4 and 7 reach EOS ("e") as the 2nd, 3rd and 2nd token of
 # their first speculative round's block; row 3's first token (from the prefill) is EOS.
@@ -48,6 +51,10 @@ def _drafter(which: str, model, bigram: bool):
     """(drafter, draft_params, k): right drafts on the bigram model, random heads on the random one."""
     if which == "ngram":
         return NgramDrafter(), (), K
+    if which == "lookup":  # 3 continuations of 4 tokens, merged into an 8-node trie
+        return LookupTreeDrafter(branches=3, depth=4), (), 8
+    if which == "recycle":  # the 8-node template (depth 5) through the shared successor table
+        return RecycleDrafter.create(8, width=3), (), 8
     if which == "layerskip":
         return LayerSkipDrafter.early_exit(1 if bigram else 2), (), K
     if which == "draft":
@@ -95,7 +102,8 @@ def test_bigram_batch8_eos_inside_accepted_blocks(bigram, which):
 
 
 # Random Medusa / EAGLE heads at batch 8 are also in test_head_drafters' default tests (without EOS).
-@pytest.mark.parametrize("which", [*DRAFTERS[:3], *(pytest.param(w, marks=pytest.mark.slow) for w in DRAFTERS[3:])])
+@pytest.mark.parametrize("which", [*DRAFTERS[:FAST],
+                                   *(pytest.param(w, marks=pytest.mark.slow) for w in DRAFTERS[FAST:])])
 def test_random_model_batch8_ragged_eos(tiny_model, random_plain, which):
     plain = random_plain
     # Extra EOS ids: tokens the plain rows emit mid-continuation (each one's first occurrence ends a row).

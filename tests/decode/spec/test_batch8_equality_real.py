@@ -28,8 +28,10 @@ from specjax.decode import (
     GenerateConfig,
     Generator,
     LayerSkipDrafter,
+    LookupTreeDrafter,
     MedusaDrafter,
     NgramDrafter,
+    RecycleDrafter,
     SpecConfig,
     SpeculativeGenerator,
 )
@@ -95,6 +97,10 @@ def _build(which: str, model, tokenizer):
     """(drafter, draft_params, k) — heads are random (this checks correctness, not speed)."""
     if which == "ngram":
         return NgramDrafter(), (), 4
+    if which == "lookup":
+        return LookupTreeDrafter(), (), 12
+    if which == "recycle":  # the top-8 table: greedy verification goes through the head's chunked top-k
+        return RecycleDrafter.create(12), (), 12
     if which == "layerskip":  # early exit after 15 of 18 layers over 16,384 draft ids
         vocab = DraftVocab(np.arange(16_384), model.cfg.vocab_size)
         return LayerSkipDrafter.early_exit(15), vocab.head(model.embed[...], model.cfg.final_logit_softcap), 4
@@ -114,10 +120,11 @@ def _build(which: str, model, tokenizer):
 
 # Drafters whose drafts the target accepts on these prompts (tau 3.1 and 2.3; the 2-layer draft model
 # and random heads stay at ~1): their EOS rows must stop inside an accepted block.
-ACCEPTING = {"ngram", "layerskip"}
+ACCEPTING = {"ngram", "layerskip", "lookup", "recycle"}
 
 
-@pytest.mark.parametrize("which", ["ngram", "layerskip", "draft", "medusa", "eagle", "eagle_vocab"])
+@pytest.mark.parametrize("which", ["ngram", "lookup", "recycle", "layerskip", "draft", "medusa", "eagle",
+                                   "eagle_vocab"])
 def test_batch8_greedy_equals_plain_with_eos_inside_blocks(real_model, real_tokenizer, reference, which):
     ids, want, eos_ids = reference
     drafter, params, k = _build(which, real_model, real_tokenizer)

@@ -236,3 +236,14 @@ def test_tree_forward_equals_chain_forward_along_every_path(tiny_model):
         for got, want in zip(moved.k + moved.v, cache_chain.k + cache_chain.v, strict=True):
             np.testing.assert_allclose(got[0, :pos + 1 + d], want[0, :pos + 1 + d], rtol=1e-5, atol=1e-6)
     assert max(depth_np) == 6 and len(leaves) == 3
+
+
+def test_compact_keeps_valid_nodes_in_order_drops_orphans_pads_and_truncates():
+    tokens = jnp.array([[10, 11, 12, 13, 14]])
+    parents = jnp.array([[-1, 0, -1, 1, 2]])  # 3 is under 1, which is invalid: 3 goes too
+    valid = jnp.array([[True, False, True, True, True]])
+    tok, par, n = tree_lib.compact(tokens, parents, valid, 7)  # k > n: two padding slots
+    assert n.tolist() == [3] and tok[0, :3].tolist() == [10, 12, 14] and par[0, :3].tolist() == [-1, -1, 1]
+    assert tok.shape == (1, 7) and par.shape == (1, 7)
+    tok, par, n = tree_lib.compact(tokens, parents, valid, 2)  # truncated: a prefix of a topological order
+    assert n.tolist() == [2] and tok[0].tolist() == [10, 12] and par[0].tolist() == [-1, -1]

@@ -88,12 +88,21 @@ class Observation:
     hidden_btd[b, i] is the target's final-normed hidden state at position pos_b[b] + i —
     the state whose next-token prediction produced tokens_bt[b, i] (entries past n_b are
     unspecified). Finished rows have n_b = 0. A plain round has T = 1.
+
+    For a drafter that declares `observe_top_k = r > 0` (Token Recycling), a speculative round also
+    shows the whole verified block: block_bt [B, k+1] (the row's last token, then the draft's nodes),
+    the target's r most likely next tokens at each block row, block_top_btr [B, k+1, r] (best first,
+    from the logits verification computed anyway), and block_len_b, the block rows that were real
+    (1 + draft length; 0 for finished rows). Plain rounds and other drafters get None.
     """
 
     tokens_bt: jax.Array
     hidden_btd: jax.Array
     n_b: jax.Array
     pos_b: jax.Array
+    block_bt: jax.Array | None = None
+    block_top_btr: jax.Array | None = None
+    block_len_b: jax.Array | None = None
 
 
 class Drafter(Protocol):

@@ -44,6 +44,12 @@ def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
     "Earlier" means j <= len - 2, so at least one known token follows the occurrence. -1
     where there is none.
     """
+    j_l = jnp.arange(hist_bl.shape[1])
+    return jnp.max(jnp.where(match_ends(hist_bl, len_b, n), j_l[None, :], -1), axis=1)
+
+
+def match_ends(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
+    """match_bl[b, j]: an earlier occurrence of row b's last n tokens ends at j (j <= len - 2)."""
     width = hist_bl.shape[1]
     j_l = jnp.arange(width)
     tail_idx_bn = jnp.clip(len_b[:, None] - n + jnp.arange(n), 0, width - 1)
@@ -56,7 +62,7 @@ def _last_match_end(hist_bl: jax.Array, len_b: jax.Array, n: int) -> jax.Array:
         # shifted right by m against one tail token (a static loop of n full-width compares).
         shifted_bl = jnp.pad(hist_bl, ((0, 0), (m, 0)))[:, :width]
         match_bl = match_bl & (shifted_bl == tail_bn[:, n - 1 - m : n - m])
-    return jnp.max(jnp.where(match_bl, j_l[None, :], -1), axis=1)
+    return match_bl
 
 
 def ngram_propose(hist_bl: jax.Array, len_b: jax.Array, k: int, max_ngram: int = 3, min_ngram: int = 1) -> Draft:

@@ -3,7 +3,9 @@
 Methods: "ngram" (prompt lookup, `drafters.NgramDrafter`), "layerskip" (`layer_skip.LayerSkipDrafter`),
 "draft" (`draft_model.DraftModelDrafter`; a GGUF, an HF directory or a specjax training run), "medusa"
 (`medusa_drafter.MedusaDrafter`, static tree) and "eagle" (`eagle_drafter.EagleDrafter`, EAGLE-2 dynamic
-tree); the last two load heads trained by `python -m specjax.train` (`draft_checkpoint=`). The two model
+tree); the last two load heads trained by `python -m specjax.train` (`draft_checkpoint=`). Two training-free
+token trees: "recycle" (Token Recycling, `recycle.RecycleDrafter`: the target's past top-k per token) and
+"lookup" (`lookup_tree.LookupTreeDrafter`: several prompt/output lookup continuations merged as a trie). The two model
 drafters can draft over a reduced vocabulary: the `draft_vocab` most frequent target ids of a corpus file
 (EOS ids always kept); an EAGLE checkpoint brings the reduced vocabulary it was trained with.
 """
@@ -22,7 +24,8 @@ from specjax.jsonl import jsonl_rows
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError
 from specjax.models.loading import DEFAULT_MODEL
 
-METHODS = ("ngram", "layerskip", "draft", "medusa", "eagle")
+METHODS = ("ngram", "lookup", "recycle", "layerskip", "draft", "medusa", "eagle")
+MAX_RECYCLE_WIDTH = 64  # successors kept per token: the table is [V, width] int32 (64 MiB at V = 262,144)
 
 
 def check_spec(spec) -> None:
@@ -48,9 +51,20 @@ def check_spec(spec) -> None:
                               "token counts choose the kept ids)")
     if not 0.0 <= spec.confidence < 1.0:
         raise GenerationError(f"confidence must be in [0, 1) (0 = off), got {spec.confidence!r}")
+    _check_positive(spec, "lookup_branches", "lookup_depth", "recycle_width")
+    if spec.recycle_width > MAX_RECYCLE_WIDTH:
+        raise GenerationError(f"recycle_width must be at most {MAX_RECYCLE_WIDTH}, got {spec.recycle_width}")
     layers = spec.layers
     if isinstance(layers, int) and layers < 1 or not isinstance(layers, int) and len(layers) == 0:
         raise GenerationError(f"layers must be a positive count or a non-empty list of layer indices, got {layers!r}")
+
+
+def _check_positive(spec, *names: str) -> None:
+    """Raises GenerationError for the first of `names` that is not a positive integer."""
+    for name in names:
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GenerationError(f"{name} must be a positive integer, got {value!r}")
 
 
 def corpus_texts(path: str | Path) -> list[str]:
@@ -89,6 +103,18 @@ def build_drafter(spec, model, tokenizer, progress: Callable[[str], None] = lamb
     """
     if spec.method == "ngram":
         return NgramDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram), ()
+    if spec.method == "lookup":
+        from specjax.decode.spec.drafters.lookup_tree import LookupTreeDrafter
+
+        return LookupTreeDrafter(spec.lookup_branches, spec.lookup_depth, spec.max_ngram, spec.min_ngram), ()
+    if spec.method == "recycle":
+        from specjax.decode.spec.drafters.recycle import RecycleDrafter
+        from specjax.decode.spec.trees import TreeError
+
+        try:
+            return RecycleDrafter.create(spec.k, spec.recycle_width), ()
+        except TreeError as e:
+            raise GenerationError(f"recycle: {e}") from None
     ids = draft_vocab(spec, model, tokenizer)
     if spec.method == "layerskip":
         from specjax.decode.spec.drafters.layer_skip import LayerSkipDrafter, reduced_head

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from specjax.distributed import is_primary
 from specjax.models import sharding
 from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import TrainConfig, TrainConfigError, to_dict
@@ -161,7 +162,7 @@ def train(cfg: TrainConfig, *, target: Target | None = None, tokenizer=None,
     t_start = time.perf_counter()
     out = Path(cfg.out_dir)
     mesh = make_run_mesh(cfg)
-    log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard, writer=jax.process_index() == 0)
+    log = MetricsLog(out, cfg.steps, 0, cfg.progress, cfg.tensorboard, writer=is_primary())
     prep = prepare_run(cfg, target, tokenizer, log.message)
     train_rows, dev_rows, task = prep.train_rows, prep.dev_rows, prep.task
     dev_tau = DevTau(cfg, prep.target.model, task, prep.dev_prompts) if cfg.tau_every and prep.dev_prompts else None

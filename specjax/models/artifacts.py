@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["MANIFEST", "cache_root", "checksum", "discard", "ensure_dir", "ensure_file", "file_sha256", "hash_file",
-           "lock", "sweep", "verify", "warn", "write_manifest"]
+           "lock", "remember_sha256", "remembered_sha256", "sweep", "verify", "warn", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = 1
@@ -261,7 +261,12 @@ def file_sha256(path: Path) -> str:
     are keyed by it on every start, and hashing costs ~1 s per GB."""
     if (sha := remembered_sha256(path)) is not None:
         return sha
-    sha = hash_file(path)
+    return remember_sha256(path, hash_file(path))
+
+
+def remember_sha256(path: Path, sha: str) -> str:
+    """Remembers `sha` as the SHA-256 of `path` as it is now (its stamp); returns sha. For a caller that
+    hashed the bytes while writing them, so `file_sha256` does not read them again."""
     key, stamp = _sha_key(Path(path))
     memo = _sha_memo()
     memo[key] = {"stamp": stamp, "sha256": sha}

@@ -107,7 +107,8 @@ def assembled_path(spec: EmbeddedModel, progress: Callable[[str], None] = lambda
 
     artifacts.ensure_file(target, lambda tmp: _assemble(spec, parts, tmp, progress), check,
                           f"assembled model {spec.name!r}")
-    artifacts.file_sha256(target)  # remembered now (after a fresh assembly: one more read), not on next start
+    if artifacts.remembered_sha256(target) is None:  # freshly assembled: its hash was checked while writing
+        artifacts.remember_sha256(target, spec.sha256)
     return target
 
 

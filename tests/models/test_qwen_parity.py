@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import forward, full_logits, logits_of
+from flax import nnx
 from qwen_model import qwen_gguf_or_skip
 
 pytestmark = pytest.mark.slow
@@ -95,7 +95,32 @@ def ours(reference, our_tokenizer):
     reader = open_gguf(path)
     model = build_model(config_from_gguf(reader, path), lazy_weights_from_gguf(reader))
     print(f"\nspecjax load: {time.perf_counter() - t0:.0f} s")
-    return model, our_tokenizer
+    return _Jitted(model), our_tokenizer
+
+
+class _Jitted:
+    """The model's forward and head as `jax.jit` over its split state.
+
+    Why not conftest's `nnx.jit` helpers: for a 6.2 GB float32 model they held further copies of the weights
+    (the test was killed at 19.4 GB RSS); a plain `jax.jit` of a pure function of the state holds one.
+    """
+
+    def __init__(self, model):
+        self.graph, self.state = nnx.split(model)
+        self.init_cache = model.init_cache
+        merge = lambda state: nnx.merge(self.graph, state)
+        self._forward = jax.jit(lambda st, *args: merge(st)(*args))
+        self._logits = jax.jit(lambda st, hidden: merge(st).logits(hidden))
+
+    def forward(self, tokens_bt, positions_bt, cache=None, start_b=None):
+        return self._forward(self.state, tokens_bt, positions_bt, cache, start_b)
+
+    def logits(self, hidden_btd):
+        return self._logits(self.state, hidden_btd)
+
+    def full_logits(self, tokens_bt):
+        t = tokens_bt.shape[1]
+        return self.logits(self.forward(tokens_bt, jnp.arange(t)[None])[0])
 
 
 def test_tokenizer_ids_match_transformers(qwen_path, our_tokenizer):
@@ -108,16 +133,16 @@ def test_tokenizer_ids_match_transformers(qwen_path, our_tokenizer):
     assert our_tokenizer.encode("<|im_start|><|im_end|><|endoftext|>") == [151644, 151645, 151643]
 
 
-def _greedy(model, prompt: np.ndarray, steps: int) -> list[int]:
+def _greedy(model: _Jitted, prompt: np.ndarray, steps: int) -> list[int]:
     cache = model.init_cache(1, len(prompt) + steps)
     start = jnp.zeros((1,), jnp.int32)
-    hidden, cache = forward(model, jnp.asarray(prompt[None]), jnp.arange(len(prompt))[None], cache, start)
-    nxt, out = int(jnp.argmax(logits_of(model, hidden[:, -1:]))), []
+    hidden, cache = model.forward(jnp.asarray(prompt[None]), jnp.arange(len(prompt))[None], cache, start)
+    nxt, out = int(jnp.argmax(model.logits(hidden[:, -1:]))), []
     for i in range(steps):
         out.append(nxt)
         pos = jnp.asarray([[len(prompt) + i]], jnp.int32)
-        hidden, cache = forward(model, jnp.asarray([[nxt]], jnp.int32), pos, cache, pos[:, 0])
-        nxt = int(jnp.argmax(logits_of(model, hidden)))
+        hidden, cache = model.forward(jnp.asarray([[nxt]], jnp.int32), pos, cache, pos[:, 0])
+        nxt = int(jnp.argmax(model.logits(hidden)))
     return out
 
 
@@ -128,7 +153,7 @@ def test_logits_and_greedy_continuation_match_transformers(reference, ours, i):
     prompt = np.load(out / f"prompt_{i}.npy")
     assert tok.encode(tok.apply_chat_template(_conversations()[i])) == prompt.tolist()  # same template, same ids
     expected = np.load(out / f"logits_{i}.npy")
-    got = np.asarray(full_logits(model, jnp.asarray(prompt[None])))[0]
+    got = np.asarray(model.full_logits(jnp.asarray(prompt[None])))[0]
     delta = np.abs(got - expected).max()
     top1 = (got.argmax(-1) == expected.argmax(-1)).mean()
     greedy, want = _greedy(model, prompt, STEPS), np.load(out / f"greedy_{i}.npy").tolist()
@@ -137,4 +162,4 @@ def test_logits_and_greedy_continuation_match_transformers(reference, ours, i):
           f"greedy first divergence {first}; ours: {tok.decode(greedy)!r}")
     assert top1 == 1.0 and delta < LOGIT_TOL
     assert greedy == want
-    jax.clear_caches()
+    jax.clear_caches()  # programs of this prompt length are not reused

@@ -2,7 +2,7 @@
 
 HF runs first, in a subprocess (tests/models/qwen_hf_reference.py) that saves its outputs as .npy and exits,
 so its float32 copy (6.2 GB) is freed before specjax builds its own from the GGUF tensor by tensor: the test
-peaks at one float32 model plus one tensor (~7.5 GB), never two models.
+never holds two models (measured peak 10.9 GB RSS: one float32 model, its jitted programs and buffers).
 
 Checked on three chat-templated prompts (HumanEval code, a SpecBench writing prompt, a Chinese one): top-1 at
 every prompt position, max |Δlogit|, and a 64-token greedy continuation; plus tokenizer ids on varied text.

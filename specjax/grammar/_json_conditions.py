@@ -17,7 +17,7 @@ from __future__ import annotations
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 
-__all__ = ["conditional", "leaf_not", "negate", "split_not"]
+__all__ = ["conditional", "leaf_not", "negate", "split_dependencies", "split_not"]
 
 _LEAF = ({"type"}, {"enum"}, {"const"})
 
@@ -75,6 +75,43 @@ def conditional(node: dict, path: str, flatten=None) -> dict:
     except SchemaError as e:
         raise SchemaError("if", path, f"{e.why}; the condition is split into cases by its complement") from None
     return {"allOf": [rest, {"anyOf": cases}]}
+
+
+_MAX_DEPENDENT = 6  # schema-valued dependencies of one object: 2**n cases
+
+
+def split_dependencies(node: dict, path: str, draft: int) -> dict | None:
+    """Schema-valued ``dependencies`` (drafts <= 7) / ``dependentSchemas`` (2019-09+) by cases: for each key
+    ``a`` with schema ``S``, either ``a`` is absent (``properties: {a: false}``) or present and the object also
+    satisfies ``S`` (``allOf [S, required [a]]``); an ``anyOf`` over every combination, each an ``allOf`` with
+    the other keywords (exact: a non-object satisfies the "absent" case, as validators skip it). None when the
+    node has no schema-valued dependency. The array form stays in ``dependencies`` (the member chain)."""
+    kw = "dependencies" if draft <= 7 else "dependentSchemas"
+    deps = node.get(kw)
+    if not isinstance(deps, dict):
+        return None
+    schemas = {a: s for a, s in deps.items() if not isinstance(s, list)}
+    if not schemas:
+        return None
+    rest = {k: v for k, v in node.items() if k != kw}
+    arrays = {a: s for a, s in deps.items() if isinstance(s, list)}
+    if arrays:
+        rest[kw] = arrays  # only "dependencies" can hold arrays
+    choices = []
+    for a, sub in schemas.items():
+        if sub is True or sub == {}:
+            continue  # no constraint
+        absent = {"properties": {a: False}}
+        choices.append([absent] if sub is False else [absent, {"allOf": [sub, {"required": [a]}]}])
+    if len(choices) > _MAX_DEPENDENT:
+        raise SchemaError(kw, path, f"{len(choices)} schema-valued dependencies: each doubles the cases, compiled "
+                                    f"up to {_MAX_DEPENDENT}")
+    cases = [[]]
+    for options in choices:
+        cases = [c + [o] for c in cases for o in options]
+    if len(cases) == 1:
+        return {"allOf": [rest, *cases[0]]}
+    return {"anyOf": [{"allOf": [rest, *c]} for c in cases]}
 
 
 def split_not(node: dict, path: str, flatten=None) -> dict | None:

@@ -54,13 +54,18 @@ class ObjectEmitter:
                 if req:
                     raise
                 # an optional property whose schema nothing satisfies can only be absent (exact)
-        tail = None
+        tail, listed = None, [n for n, *_ in members] + list(props)
         if extras:
-            listed = [n for n, *_ in members] + list(props)
             tail = self._pattern_tail(extra, patterns, listed, path) if patterns else \
                 self._extra_tail(extra, listed, path)
         count = self._property_counts(node, path)
-        deps = self._dependencies(node, path, names, tail is not None)
+        deps, dead = self._dependencies(node, path, names, tail is not None, listed)
+        if dead:  # a member whose dependency cannot appear can only be absent
+            if dead & {n for n, (_, req) in zip(names, pairs, strict=True) if req}:
+                raise EmptySchemaError("dependencies", path, f"required property {sorted(dead)[0]!r} depends on a "
+                                                             "property that cannot appear (empty language)")
+            pairs = [p for n, p in zip(names, pairs, strict=True) if n not in dead]
+            names = [n for n in names if n not in dead]
         body = self._members(pairs, tail, path) if count == (0, None) and not deps else \
             self._counted_members(pairs, tail, path, *count, names=names, deps=deps)
         w = self.c.ws
@@ -199,25 +204,34 @@ class ObjectEmitter:
             raise EmptySchemaError("minProperties", path, "minProperties > maxProperties (empty language)")
         return lo, hi
 
-    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool) -> dict[str, set[str]]:
-        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}."""
+    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool,
+                      listed: list[str]) -> tuple[dict[str, set[str]], set[str]]:
+        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}, and
+        the members that can only be absent (they require a name that cannot appear). ``listed``: names no extra
+        key can be (with ``extras``)."""
         out: dict[str, set[str]] = {}
         kw = "dependencies" if self.c.draft <= 7 else "dependentRequired"  # the other is no keyword of the draft
-        for _ in (0,):
-            for a, need in (node.get(kw) or {}).items():
-                if not isinstance(need, list):
-                    raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
-                                                                        "(only the array form: required names)")
-                if a not in names:
-                    if extras and set(need) - set(node.get("required", [])):
-                        raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
-                                                    "not compiled (pass strict_objects)")
-                    continue  # a key that never appears triggers nothing
-                for b in need:
-                    if b not in names and b != a:
-                        raise SchemaError(kw, path, f"key {a!r} requires {b!r}, which is not a property of the schema")
-                out.setdefault(a, set()).update(b for b in need if b != a)
-        return {a: need for a, need in out.items() if need}
+        for a, need in (node.get(kw) or {}).items():
+            if not isinstance(need, list):  # json_schema.py splits the schema form into cases before this
+                raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
+                                                                    "(only the array form: required names)")
+            if a not in names:
+                if extras and a not in listed and set(need) - set(node.get("required", [])):
+                    raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
+                                                "not compiled (pass strict_objects)")
+                continue  # a key that never appears triggers nothing
+            out.setdefault(a, set()).update(b for b in need if b != a)
+        dead: set[str] = set()
+        while True:  # a member requiring a name that cannot appear (or a dead member) is dead too
+            more = {a for a, need in out.items() if a not in dead and any(b not in names or b in dead for b in need)}
+            for a in more:
+                if extras and any(b not in names and b not in listed for b in out[a]):
+                    raise SchemaError(kw, path, f"key {a!r} requires a key only an extra key can be, which is not "
+                                                "compiled (pass strict_objects)")
+            if not more:
+                break
+            dead |= more
+        return {a: need for a, need in out.items() if need and a not in dead}, dead
 
     def _counted_members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str, lo: int,
                          hi: int | None, names: list[str] | None = None,

@@ -23,17 +23,19 @@ SUPPORTED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
-    "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "propertyNames",
+    "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "dependentSchemas",
+    "propertyNames",
     "patternProperties", "not", "if", "then", "else",
 })
 # Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
 REFUSED = frozenset({
-    "dependentSchemas", "contains", "minContains", "maxContains",
+    "contains", "minContains", "maxContains",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
     "divisibleBy",
 })
 OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties",
-                         "dependencies", "dependentRequired", "propertyNames", "patternProperties"})
+                         "dependencies", "dependentRequired", "dependentSchemas", "propertyNames",
+                         "patternProperties"})
 ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})
 STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})

@@ -20,7 +20,13 @@ from specjax.grammar._json_text import (
     json_string_terminal,
     lark_literal,
 )
-from specjax.grammar._regex_fsm import TooLarge, key_region_rules, length_bounded_rules, raw_minus_rules
+from specjax.grammar._regex_fsm import (
+    TooLarge,
+    intersection_rules,
+    key_region_rules,
+    length_bounded_rules,
+    raw_minus_rules,
+)
 from specjax.grammar._regex_ranges import int_range, number_range
 
 _MAX_UNIQUE = 8  # uniqueItems: values of a finite item domain (2**n sets of written values)
@@ -224,6 +230,8 @@ class TypeEmitter(ObjectEmitter):
         if hi is not None and lo > hi:
             return None
         _check_count("minLength", path, lo, "characters")
+        if "pattern" in node and self._format(node, path) is not None:
+            return self._pattern_and_format(node, path, lo, hi)
         body, width = self._string_body(node, path)
         if body is None or not (lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi))):
             _check_count("maxLength", path, hi or 0, "characters", at_least=False)
@@ -266,17 +274,32 @@ class TypeEmitter(ObjectEmitter):
         self.c.rules.update(rules)
         return f"{name}_s"
 
-    def _string_body(self, node: dict, path: str):
-        fmt, pattern = node.get("format"), node.get("pattern")
+    def _format(self, node: dict, path: str) -> str | None:
+        """The node's format when it is enforced (None: absent, or one no validator checks / ignored by option)."""
+        fmt = node.get("format")
         if fmt is not None and fmt not in FORMATS:
             if self.c.options.unknown_formats == "ignore" or fmt not in SPEC_FORMATS:  # no validator checks it
-                fmt = None
-            else:
-                raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
-                                                  f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to leave it "
-                                                  "unenforced (json_unknown_formats=ignore on the command line)")
-        if fmt is not None and pattern is not None:
-            raise SchemaError("pattern", path, "pattern together with format is not supported")
+                return None
+            raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
+                                              f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to leave it "
+                                              "unenforced (json_unknown_formats=ignore on the command line)")
+        return fmt
+
+    def _pattern_and_format(self, node: dict, path: str, lo: int, hi: int | None) -> str | None:
+        """A string that matches both its pattern and its format (and the length bounds): DFA intersection."""
+        try:
+            pattern = rx.translate(node["pattern"], cs.class_text, search=True)
+        except rx.RegexError as e:
+            raise SchemaError("pattern", path, str(e)) from None
+        try:
+            return self._add_rules(f"{path}/string",
+                                   lambda n: intersection_rules([FORMATS[node["format"]], pattern], lo, hi, n))[0]
+        except TooLarge as e:
+            raise SchemaError("pattern", path, f"the intersection with format {node['format']!r} has {e}; not "
+                                               "compiled") from None
+
+    def _string_body(self, node: dict, path: str):
+        fmt, pattern = self._format(node, path), node.get("pattern")
         if fmt is not None:
             return FORMATS[fmt], rx.width(FORMATS[fmt])
         if pattern is None:

@@ -44,6 +44,18 @@ def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pai
     return fsm_rules(interegular.parse_pattern(regex).to_fsm().reduce(), lo, hi, name, max_pairs)
 
 
+def intersection_rules(regexes: list[str], lo: int, hi: int | None, name: str,
+                       max_pairs: int = 10000) -> dict[str, str]:
+    """Rules for the strings in every regex of ``regexes`` (full match, over decoded characters) with
+    lo <= length <= hi, written as JSON string contents in quotes; {} when the intersection is empty.
+    Used for a ``pattern`` next to a ``format``: both must hold, as validators check both."""
+    fsm = interegular.parse_pattern(regexes[0]).to_fsm()
+    for regex in regexes[1:]:
+        fsm = fsm & interegular.parse_pattern(regex).to_fsm()
+    fsm = _minimal(fsm)
+    return fsm_rules(fsm, lo, hi, name, max_pairs) if fsm.finals else {}
+
+
 def key_region_rules(inside: list[str], names: list[str], name: str, chars=cs.ANY,
                      max_pairs: int = 10000) -> dict[str, str]:
     """Rules for the strings in every regex of ``inside`` and not one of ``names``, made of ``chars``, written as

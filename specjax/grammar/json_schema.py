@@ -203,6 +203,8 @@ class _Compiler:
         if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
             new = conditions.conditional(node, path, self.flatten)
             return self.rule(new, path, key="if:" + logic.canonical(new))
+        if (new := conditions.split_dependencies(node, path, self.draft)) is not None:
+            return self.rule(new, path, key="deps:" + logic.canonical(new))
         if (new := conditions.split_not(node, path, self.flatten)) is not None:
             return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):

@@ -1,0 +1,103 @@
+"""JSON Schema keywords added for JSONSchemaBench coverage (issue 16, third pass): pattern next to format,
+schema-valued dependencies / dependentSchemas. For each: samples of the grammar validate with `jsonschema`, and
+hand-picked instances (canonical key order) parse exactly when `jsonschema` accepts them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from test_json_schema import _dump, _parser, _parses, _validator, check_samples
+
+from specjax.grammar.json_schema import SchemaError, json_schema_to_lark
+
+D7 = "http://json-schema.org/draft-07/schema#"
+
+
+def check_exact(schema, docs) -> None:
+    """Each document (a JSON value, dumped canonically) parses exactly when jsonschema accepts it."""
+    parser, check = _parser(json_schema_to_lark(schema)), _validator(schema)
+    for doc in docs:
+        text = doc if isinstance(doc, str) else _dump(doc)
+        assert _parses(parser, text) == check.is_valid(json.loads(text)), (schema, text)
+
+
+# ------------------------------------------------------------------------------------------ pattern + format
+PATTERN_FORMAT = {
+    "date_digits": {"type": "string", "format": "date", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+    "datetime_utc": {"type": "string", "format": "date-time", "pattern": "Z$", "maxLength": 20},
+    "email_prefix": {"type": "string", "format": "email", "pattern": "^a[a-z]*@"},
+    "uri_https": {"type": "string", "format": "uri", "pattern": "^https://", "minLength": 10},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERN_FORMAT))
+def test_pattern_with_format_samples_validate(name):
+    check_samples(PATTERN_FORMAT[name], seed=2, n=30)
+
+
+def test_pattern_with_format_accepts_exactly_both():
+    check_exact(PATTERN_FORMAT["date_digits"], ['"2024-02-29"', '"2023-02-29"', '"2024-2-01"', '"20240-01-01"',
+                                                '"2024-13-01"', '"x2024-01-01"'])
+    check_exact(PATTERN_FORMAT["datetime_utc"], ['"2024-01-01T00:00:00Z"', '"2024-01-01T00:00:00.5Z"',
+                                                 '"2024-01-01T00:00:00+01:00"', '"2024-01-01T24:00:00Z"'])
+    check_exact(PATTERN_FORMAT["email_prefix"], ['"ab@x.org"', '"a@x"', '"b@x.org"', '"aB@x.org"'])
+    check_exact(PATTERN_FORMAT["uri_https"], ['"https://a.b/c"', '"https://a"', '"http://a.b/cd"', '"https:/"'])
+
+
+def test_pattern_with_format_that_never_meet_is_empty_and_format_ignored_keeps_pattern():
+    from specjax.grammar.json_schema import EmptySchemaError
+
+    with pytest.raises(EmptySchemaError):
+        json_schema_to_lark({"type": "string", "format": "uuid", "pattern": "^[g-z]+$"})
+    # a format no draft defines is an annotation: only the pattern counts
+    check_exact({"type": "string", "format": "color", "pattern": "^#[0-9a-f]{3}$"}, ['"#abc"', '"#abcd"', '"red"'])
+
+
+# ------------------------------------------------------------------------------------- schema dependencies
+DEPENDENCIES = {
+    "draft7_mixed": {"$schema": D7, "type": "object", "additionalProperties": False,
+                     "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "t": {"type": "string"}},
+                     "dependencies": {"a": {"properties": {"t": {"enum": ["x"]}}, "required": ["t"]}, "b": ["a"]}},
+    "2020_two": {"type": "object", "properties": {"a": {"type": "integer"}, "c": {"type": "boolean"},
+                                                  "d": {"type": "null"}},
+                 "dependentSchemas": {"a": {"required": ["c"]}, "d": {"properties": {"a": {"maximum": 2}}}},
+                 "additionalProperties": False},
+    "false_and_nullable": {"type": ["object", "null"], "properties": {"a": {"type": "integer"}, "z": {}},
+                           "dependentSchemas": {"z": False, "a": True}, "additionalProperties": False},
+    "extra_keys": {"$schema": D7, "type": "object", "properties": {"k": {"type": "integer"}},
+                   "dependencies": {"k": {"properties": {"k": {"minimum": 0}}}}},
+}
+_VALUES = {"a": [1, 5, "s"], "b": ["s"], "t": ["x", "y"], "c": [True], "d": [None], "z": [1], "k": [-1, 3]}
+
+
+@pytest.mark.parametrize("name", sorted(DEPENDENCIES))
+def test_schema_dependencies_samples_validate(name):
+    check_samples(DEPENDENCIES[name], seed=4, n=40)
+
+
+@pytest.mark.parametrize("name", sorted(DEPENDENCIES))
+def test_schema_dependencies_accept_exactly_the_valid_objects(name):
+    schema = DEPENDENCIES[name]
+    keys = list(schema["properties"])
+    docs = ["null", "1", '{"q":1}']
+    for n in range(len(keys) + 1):
+        for subset in itertools.combinations(keys, n):  # schema order is the canonical order
+            for values in itertools.product(*(_VALUES[k] for k in subset)):
+                docs.append(dict(zip(subset, values, strict=True)))
+    check_exact(schema, docs)
+
+
+def test_dependency_keyword_counts_only_in_its_draft():
+    # dependentSchemas is no draft-7 keyword and dependencies none of 2020-12: validators ignore them
+    check_exact({"$schema": D7, "type": "object", "properties": {"a": {}}, "dependentSchemas": {"a": False}},
+                [{"a": 1}])
+    check_exact({"type": "object", "properties": {"a": {}}, "dependencies": {"a": False}}, [{"a": 1}])
+
+
+def test_too_many_schema_dependencies_are_refused():
+    deps = {f"p{i}": {"required": ["q"]} for i in range(7)}
+    with pytest.raises(SchemaError, match="7 schema-valued dependencies") as info:
+        json_schema_to_lark({"type": "object", "dependentSchemas": deps})
+    assert info.value.keyword == "dependentSchemas" and info.value.path == "#"

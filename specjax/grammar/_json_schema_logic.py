@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from fractions import Fraction
 
 from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
 
@@ -124,6 +125,10 @@ def value_ok(value, node: dict, path: str) -> bool:
         elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and isinstance(node[kw], int | float):
             if not _bound_ok(kw, value, node):
                 return False
+        elif kw == "multipleOf" and isinstance(node[kw], int | float) and not isinstance(node[kw], bool) \
+                and node[kw] > 0:
+            if not _multiple_ok(value, node[kw]):
+                return False
         elif kw not in ("minLength", "maxLength"):
             raise SchemaError(kw, path, "cannot be combined with enum/const (values are not checked against it)")
     return True
@@ -135,6 +140,17 @@ def _applies(kw: str, vt: str) -> bool:
     if kw in NUMBER_KEYS:
         return vt in ("integer", "number")
     return vt == ("object" if kw in OBJECT_KEYS else "array")
+
+
+def _multiple_ok(value, step) -> bool:
+    """multipleOf as the jsonschema package tests it (floating-point division for a float step)."""
+    if isinstance(step, float):
+        quotient = value / step
+        try:
+            return int(quotient) == quotient
+        except OverflowError:
+            return (Fraction(value) / Fraction(step)).denominator == 1
+    return value % step == 0
 
 
 def _bound_ok(kw: str, value, node: dict) -> bool:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
 from specjax.grammar._json_conditions import leaf_not
 from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
+from specjax.grammar._json_numbers import NumberEmitter
 from specjax.grammar._json_objects import ObjectEmitter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import (
-    _MAX_SAFE,
-    NUMBER_REGEX,
     _check_count,
     _repeat,
     json_string_terminal,
@@ -27,12 +25,11 @@ from specjax.grammar._regex_fsm import (
     length_bounded_rules,
     raw_minus_rules,
 )
-from specjax.grammar._regex_ranges import int_range, number_range
 
 _MAX_UNIQUE = 8  # uniqueItems: values of a finite item domain (2**n sets of written values)
 
 
-class TypeEmitter(ObjectEmitter):
+class TypeEmitter(ObjectEmitter, NumberEmitter):
     """Writes the Lark expression for each type a node admits; `c` is the owning compiler."""
 
     def __init__(self, compiler):
@@ -67,6 +64,8 @@ class TypeEmitter(ObjectEmitter):
                 raise SchemaError("not", path, "excluding numbers is not compiled (only integers, null, booleans and "
                                                "strings)")
             text = self.number(node, path, integer="number" not in types)
+            if numbers and text is not None and not text.startswith("/"):
+                raise SchemaError("not", path, "excluding integers next to multipleOf is not compiled")
             if numbers and text is not None:  # an integer range: its regex minus the listed texts
                 text = self._add_rules(f"{path}/integer", lambda n: raw_minus_rules(text[1:-1], numbers, n))[0]
             alts.append(text)
@@ -308,45 +307,3 @@ class TypeEmitter(ObjectEmitter):
             return rx.translate(pattern, cs.json_class_text, search=True), rx.width(pattern, search=True)
         except rx.RegexError as e:
             raise SchemaError("pattern", path, str(e)) from None
-
-    # ---------------------------------------------------------------------------------- numbers
-    def number(self, node: dict, path: str, integer: bool) -> str | None:
-        if "multipleOf" in node:
-            if node["multipleOf"] != 1 or isinstance(node["multipleOf"], bool):
-                raise SchemaError("multipleOf", path, "only multipleOf 1 is supported (other steps are not compiled)")
-            integer = True
-        lo, lo_excl, hi, hi_excl = self._bounds(node, path)
-        if integer:
-            ilo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
-            ihi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
-            text = int_range(ilo, ihi)
-        elif lo is None and hi is None:
-            text = NUMBER_REGEX
-        else:
-            for kw, b in (("minimum", lo), ("maximum", hi)):
-                if b is not None and (not float(b).is_integer() or abs(b) > _MAX_SAFE):
-                    raise SchemaError(kw, path, f"bound {b!r} on a non-integer number: only integer bounds up to "
-                                                "2**53 are compiled exactly")
-            alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
-            return " | ".join(f"/{a}/" for a in alts) or None
-        return None if text is None else f"/{text}/"
-
-    def _bounds(self, node: dict, path: str):
-        """(lo, lo exclusive, hi, hi exclusive) under the draft's syntax (draft 4: boolean exclusives)."""
-        out = []
-        for inc, exc in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-            m, e = node.get(inc), node.get(exc)
-            for kw, v in ((inc, m), (exc, e)):
-                if v is not None and not (isinstance(v, int | float) and math.isfinite(v)) and \
-                        not (self.c.draft <= 4 and kw == exc and isinstance(v, bool)):
-                    raise SchemaError(kw, path, f"must be a finite number, got {v!r}")
-            if self.c.draft <= 4:
-                out += [m, bool(e) and m is not None]
-            elif isinstance(e, bool):
-                raise SchemaError(exc, path, "a boolean is draft 4 syntax; from draft 6 on it must be a number")
-            elif e is None or m is None:
-                out += [m, False] if e is None else [e, True]
-            else:
-                tighter_e = e >= m if inc == "minimum" else e <= m
-                out += [e, True] if tighter_e else [m, False]
-        return tuple(out)

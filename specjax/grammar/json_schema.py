@@ -23,7 +23,8 @@ from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
-from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
+from specjax.grammar._json_schema_types import TypeEmitter
+from specjax.grammar._json_text import NUMBER_REGEX
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 

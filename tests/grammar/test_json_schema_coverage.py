@@ -101,3 +101,59 @@ def test_too_many_schema_dependencies_are_refused():
     with pytest.raises(SchemaError, match="7 schema-valued dependencies") as info:
         json_schema_to_lark({"type": "object", "dependentSchemas": deps})
     assert info.value.keyword == "dependentSchemas" and info.value.path == "#"
+
+
+# ------------------------------------------------------------------------------ number bounds and multipleOf
+NUMBERS = {
+    "half_open": {"type": "number", "minimum": 0.5},
+    "exclusive_fractions": {"type": "number", "exclusiveMinimum": 0.1, "exclusiveMaximum": 1.25},
+    "negative_fraction": {"type": "number", "minimum": -2.75, "maximum": -0.01},
+    "mixed_integer_exclusive": {"type": "number", "exclusiveMinimum": 0, "maximum": 0.5},
+    "draft4_exclusive": {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 0.3,
+                         "exclusiveMinimum": True},
+    "integer_fraction_bounds": {"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.5},
+    "multiple_of_7": {"type": "integer", "multipleOf": 7, "minimum": -30, "maximum": 100},
+    "multiple_of_16_number": {"type": "number", "multipleOf": 16},
+    "quarters": {"type": "number", "multipleOf": 0.25, "maximum": 1.5, "exclusiveMinimum": -1},
+}
+_NUMBER_TEXTS = ["0", "1", "-1", "2", "3", "4", "7", "14", "-28", "-35", "16", "32", "48", "100", "105", "0.5", "0.49",
+                 "0.5000000000000001", "0.1", "0.10000000000000001", "0.10000000000000002", "0.11", "1.25",
+                 "1.2499999999999999", "1.2499999999999998", "-2.75", "-2.76", "-2.7", "-0.01", "-0.009", "-0.0100",
+                 "0.25", "0.75", "-0.75", "-1", "-1.25", "1.5", "1.75", "0.125", "0.3", "0.30000000000000004",
+                 "0.31", "3.5", "3", "0.00000000000001", "0.000000000000001", "0.50", "-0", "1.0", "16.0", "1e1"]
+
+
+# The documented narrowing next to an exclusive integer bound (docs/grammar-json-schema.md, numbers): the first
+# non-zero fraction digit comes within 15 - digits(bound) places, so a float rounding onto the bound is never made.
+_NARROWED = {("mixed_integer_exclusive", "0.000000000000001")}
+
+
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_number_bounds_and_steps_samples_validate(name):
+    check_samples(NUMBERS[name], seed=6, n=40)
+
+
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_number_bounds_and_steps_accept_exactly_the_valid_canonical_texts(name):
+    """Canonical texts (the shortest round-trip decimal, no exponent, no -0, integers without a fraction) parse
+    exactly when valid; other spellings are never accepted when invalid (soundness)."""
+    schema = NUMBERS[name]
+    parser, check = _parser(json_schema_to_lark(schema)), _validator(schema)
+    for text in _NUMBER_TEXTS:
+        value = json.loads(text)
+        canonical = text == _dump(value) and text != "-0" and not (isinstance(value, float) and value.is_integer())
+        if (name, text) in _NARROWED:
+            assert check.is_valid(value) and not _parses(parser, text), (name, text)
+        elif canonical:
+            assert _parses(parser, text) == check.is_valid(value), (name, text)
+        elif _parses(parser, text):
+            assert check.is_valid(value), (name, text)
+
+
+def test_float_steps_and_huge_bounds_are_refused_with_the_reason():
+    with pytest.raises(SchemaError, match="validators divide in floating point") as info:
+        json_schema_to_lark({"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.01}}})
+    assert info.value.keyword == "multipleOf" and info.value.path == "#/properties/p"
+    with pytest.raises(SchemaError, match="beyond 2\\*\\*53"):
+        json_schema_to_lark({"type": "number", "maximum": 1e300, "minimum": 0.5})
+    check_exact({"enum": [0.07, 0.05, 3], "multipleOf": 0.01}, ["0.07", "0.05", "3"])  # enum values: as validators

@@ -57,7 +57,7 @@ class NumberEmitter:
             return f"/{NUMBER_REGEX}/"
         if all(b is None or float(b).is_integer() and abs(b) <= _MAX_SAFE for b in (lo, hi)):
             alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
-            return " | ".join(f"/{a}/" for a in alts) or None
+            return " | ".join(f"/{a}/" for a in alts or []) or None
         return self._number_rules(path, [_PLAIN, *self._decimal_bounds(lo, lo_excl, hi, hi_excl, path)], None,
                                   "minimum")
 

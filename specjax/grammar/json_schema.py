@@ -22,6 +22,7 @@ from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._ebnf_productive import productive
+from specjax.grammar._json_merge import merge
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import TypeEmitter
 from specjax.grammar._json_text import NUMBER_REGEX
@@ -202,11 +203,11 @@ class _Compiler:
             return self.rule(flat, path, key="merged:" + logic.canonical(flat))
         node = flat
         if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
-            new = conditions.conditional(node, path, self.flatten)
+            new = conditions.conditional(node, path, self.flatten, self.draft)
             return self.rule(new, path, key="if:" + logic.canonical(new))
         if (new := conditions.split_dependencies(node, path, self.draft)) is not None:
             return self.rule(new, path, key="deps:" + logic.canonical(new))
-        if (new := conditions.split_not(node, path, self.flatten)) is not None:
+        if (new := conditions.split_not(node, path, self.flatten, self.draft)) is not None:
             return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):
             if kw in node:
@@ -238,7 +239,7 @@ class _Compiler:
                     raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing "
                                                                          "(empty language)")
                 flat, _ = self.flatten(branch, f"{path}/allOf/{i}", depth + 1)
-                merged = logic.merge(merged, flat, path)
+                merged = merge(merged, flat, path)
             return self.flatten(merged, path, depth + 1) if "allOf" in merged or "$ref" in merged else (merged, path)
         return node, path
 
@@ -272,7 +273,8 @@ class _Compiler:
                 out.append(flats[i])
                 continue
             try:
-                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten) for j in overlap]
+                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten, draft=self.draft)
+                        for j in overlap]
             except SchemaError as e:
                 raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
                                                  f"the complement of a branch is not compiled ({e.why})") from None
@@ -293,9 +295,10 @@ class _Compiler:
         if not isinstance(branches, list) or not branches:
             raise SchemaError(kw, path, "must be a non-empty array of schemas")
         rest = {k: v for k, v in node.items() if k != kw and k not in logic.ANNOTATIONS}
-        other = "oneOf" if kw == "anyOf" else "anyOf"
-        if other in rest:
-            raise SchemaError(other, path, "anyOf and oneOf in one schema are not supported")
+        derived = kw == "anyOf" and "oneOf" in rest
+        if derived:  # anyOf [A...] and oneOf B: anyOf [allOf [A, oneOf B]...], each its own (derived) schema
+            one = {"oneOf": rest.pop("oneOf")}
+            branches = [{"allOf": [b, one]} for b in branches]
         flats, names = [], []
         for i, branch in enumerate(branches):
             bpath = f"{path}/{kw}/{i}"
@@ -305,8 +308,8 @@ class _Compiler:
                 continue  # a false branch contributes nothing to a union
             try:
                 flat, fpath = self.flatten(branch, bpath)
-                if rest:  # siblings distribute into each branch: a derived schema, memoized by content
-                    merged = logic.merge(rest, flat, bpath)
+                if rest or derived:  # siblings distribute into each branch: a derived schema, memoized by content
+                    merged = merge(rest, flat, bpath) if rest else flat
                     flats.append((merged, bpath, "merged:" + logic.canonical(merged), flat))
                 else:
                     flats.append((flat, fpath, fpath, flat))

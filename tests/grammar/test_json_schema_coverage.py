@@ -157,3 +157,56 @@ def test_float_steps_and_huge_bounds_are_refused_with_the_reason():
     with pytest.raises(SchemaError, match="beyond 2\\*\\*53"):
         json_schema_to_lark({"type": "number", "maximum": 1e300, "minimum": 0.5})
     check_exact({"enum": [0.07, 0.05, 3], "multipleOf": 0.01}, ["0.07", "0.05", "3"])  # enum values: as validators
+
+
+# ----------------------------------------------------------------------------- allOf merging and complements
+MERGES = {
+    "extra_keys_judge_other_names": {"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        {"properties": {"b": {}, "a": {"minimum": 2}}}]},
+    "extra_schemas_meet": {"allOf": [
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "integer"}},
+        {"properties": {"b": {"type": "number"}}, "additionalProperties": {"minimum": 0}}]},
+    "items_and_unique": {"allOf": [{"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+                                   {"items": {"minimum": 1}, "uniqueItems": False, "multipleOf": 2}]},
+    "two_anyof": {"allOf": [{"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                            {"anyOf": [{"minimum": 5}, {"maxLength": 2}]}]},
+    "two_oneof": {"allOf": [{"oneOf": [{"type": "string"}, {"maxLength": 2}]},
+                            {"oneOf": [{"type": "boolean"}, {"maximum": 4}]}]},
+    "anyof_and_oneof": {"anyOf": [{"type": "string"}, {"type": "integer"}],
+                        "oneOf": [{"minimum": 5}, {"maxLength": 2}]},
+    "two_nots": {"allOf": [{"not": {"enum": [1, 2]}}, {"not": {"enum": [3]}, "type": "integer", "minimum": 0,
+                                                        "maximum": 4}]},
+    "draft4_bounds": {"$schema": "http://json-schema.org/draft-04/schema#", "allOf": [
+        {"type": "integer", "minimum": 2, "exclusiveMinimum": True}, {"minimum": 3, "maximum": 6},
+        {"maximum": 6, "exclusiveMaximum": True}]},
+    "not_anyof_bounds": {"type": "integer", "not": {"anyOf": [{"minimum": 3, "maximum": 5}, {"const": 9}]}},
+    "if_bounds": {"if": {"minimum": 3}, "then": {"type": "integer"}, "else": {"maximum": 1}},
+    "oneof_counts": {"type": "array", "items": {"type": "integer"}, "maxItems": 4,
+                     "oneOf": [{"maxItems": 2}, {"minItems": 2}]},
+    "dependencies_merge": {"$schema": D7, "allOf": [
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"a": ["b"]}},
+        {"dependencies": {"a": ["c"], "b": {"required": ["c"]}}}]},
+}
+_MERGE_DOCS = [None, True, 0, 1, 2, 3, 4, 5, 6, 7, 9, -1, 2.5, '""', '"ab"', '"abc"', [], [1], [2], [1, 2], [2, 4],
+               [2, 4, 6], [1, 2, 3, 4], [2, 2], {}, {"a": 1}, {"a": 3}, {"a": 3, "b": 1}, {"a": 3, "b": "x"},
+               {"a": 3, "z": 1}, {"a": 3, "z": -1}, {"b": 1.5}, {"a": 1, "b": 1, "c": 1}, {"a": 1, "c": 1},
+               {"b": 1}, {"a": 1, "b": 1}]
+
+
+@pytest.mark.parametrize("name", sorted(MERGES))
+def test_merged_schemas_samples_validate(name):
+    check_samples(MERGES[name], seed=8, n=40)
+
+
+@pytest.mark.parametrize("name", sorted(MERGES))
+def test_merged_schemas_accept_exactly_the_valid_values(name):
+    check_exact(MERGES[name], _MERGE_DOCS)
+
+
+def test_merges_that_stay_refused_name_the_keyword():
+    with pytest.raises(SchemaError, match="'pattern' different values"):
+        json_schema_to_lark({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})
+    with pytest.raises(SchemaError, match="adds patterns"):  # a key only the second's pattern matches
+        json_schema_to_lark({"allOf": [{"type": "object", "additionalProperties": False},
+                                       {"patternProperties": {"^x": {}}}]})

@@ -165,7 +165,7 @@ def _cached_case(name: str):
     ({"type": "number", "not": {"type": "integer"}}, "not", "#", "not integers"),
     ({"type": "number", "not": {"const": 3}}, "not", "#", "excluding numbers"),
     ({"type": "string", "maxLength": 3, "not": {"const": "a"}}, "not", "#", "minLength/maxLength/format"),
-    ({"if": {"minimum": 3}, "then": {"type": "integer"}}, "if", "#", "complement of 'minimum'"),
+    ({"if": {"format": "date"}, "then": {"type": "integer"}}, "if", "#", "complement of 'format'"),
     ({"not": {"type": "integer"}}, "not", "#", "not integers"),
     ({"$defs": {"n": {"properties": {"k": {"$ref": "#/$defs/n"}}}}, "not": {"$ref": "#/$defs/n"}}, "not", "#/$defs/n",
      "deeper than 16 levels"),

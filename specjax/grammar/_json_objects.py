@@ -76,7 +76,11 @@ class ObjectEmitter:
         unless a pattern matches) and the schemas of the patterns that match it (as validators match: re.search)."""
         matching = [p for p in patterns if logic._search(p, name)]
         if not matching:
-            return (extra if sub is None else sub), None, spath
+            schema = extra if sub is None else sub
+            # an allOf here may be made by merging (its pointer also names the unmerged schema, which a $ref may
+            # reach): memoized by content too
+            key = f"{spath}|{logic.canonical(schema)}" if isinstance(schema, dict) and "allOf" in schema else None
+            return schema, key, spath
         parts = ([] if sub is None else [sub]) + [patterns[p] for p in matching]
         return {"allOf": parts}, None, f"{spath}/(with patternProperties)"  # a merged schema: its own location
 

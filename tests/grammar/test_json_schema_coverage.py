@@ -210,3 +210,10 @@ def test_merges_that_stay_refused_name_the_keyword():
     with pytest.raises(SchemaError, match="adds patterns"):  # a key only the second's pattern matches
         json_schema_to_lark({"allOf": [{"type": "object", "additionalProperties": False},
                                        {"patternProperties": {"^x": {}}}]})
+
+
+def test_a_merged_member_and_a_ref_to_its_pointer_get_their_own_rules():
+    """#/properties/k is the unmerged schema for the $ref, and allOf [it, the branch's] for the merged member."""
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}, "r": {"$ref": "#/properties/k"}},
+              "allOf": [{"properties": {"k": {"minimum": 5}}}]}
+    check_exact(schema, ['{"k":1}', '{"k":7}', '{"k":7,"r":1}', '{"r":1}', '{"r":"x"}'])

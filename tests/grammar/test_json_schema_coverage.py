@@ -217,3 +217,35 @@ def test_a_merged_member_and_a_ref_to_its_pointer_get_their_own_rules():
     schema = {"type": "object", "properties": {"k": {"type": "integer"}, "r": {"$ref": "#/properties/k"}},
               "allOf": [{"properties": {"k": {"minimum": 5}}}]}
     check_exact(schema, ['{"k":1}', '{"k":7}', '{"k":7,"r":1}', '{"r":1}', '{"r":"x"}'])
+
+
+# -------------------------------------------------------------------------------- propertyNames, extra keys
+NAMES = {
+    "pattern_length": {"type": "object", "properties": {"ab": {"type": "integer"}, "Xy": {}},
+                       "propertyNames": {"pattern": "^[a-c]+$", "maxLength": 3},
+                       "additionalProperties": {"type": "boolean"}},
+    "enum_ref": {"type": "object", "properties": {"ab": {}}, "additionalProperties": {"type": "null"},
+                 "propertyNames": {"$ref": "#/$defs/k"}, "$defs": {"k": {"enum": ["x", "y", "ab", 3]}}},
+    "with_patterns": {"type": "object", "patternProperties": {"^x": {"type": "integer"}},
+                      "propertyNames": {"minLength": 2, "maxLength": 3}},
+    "false_names": {"type": "object", "properties": {"a": {}}, "propertyNames": False},
+}
+_KEYS = ["a", "ab", "abc", "abcd", "cab", "Xy", "x", "y", "xa", "xab", "xabc", "z1", "q\\"]
+_KEY_VALUES = [True, None, 1]
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_property_names_on_extra_keys_samples_validate(name):
+    check_samples(NAMES[name], seed=9, n=40)
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_property_names_on_extra_keys_accept_exactly_the_valid_objects(name):
+    schema = NAMES[name]
+    listed = list(schema.get("properties", {}))
+    docs = [{}]
+    for first, second in itertools.combinations(_KEYS, 2):  # listed names first (schema order), then the others
+        keys = sorted([first, second], key=lambda k: (listed.index(k) if k in listed else len(listed), k))
+        docs += [{keys[0]: v, keys[1]: w} for v in _KEY_VALUES for w in _KEY_VALUES[:2]]
+    docs += [{k: v} for k in _KEYS for v in _KEY_VALUES]
+    check_exact(schema, docs)

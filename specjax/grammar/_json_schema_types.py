@@ -175,9 +175,8 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
 
     def _item_schemas(self, node: dict, path: str):
         if self.c.draft >= 2020:
-            for kw, why in (("additionalItems", "is not a draft 2020-12 keyword (use items)"),):
-                if kw in node:
-                    raise SchemaError(kw, path, why)
+            # additionalItems is no 2020-12 keyword (validators ignore it); an array-form items, which would give it
+            # meaning in older drafts, is refused just below: ignoring it is exact
             if isinstance(node.get("items"), list):
                 raise SchemaError("items", path, "an array of schemas is draft 2019-09 syntax; in 2020-12 use "
                                                  "prefixItems (or declare the draft in $schema)")

@@ -15,6 +15,9 @@ from interegular.fsm import FSM, anything_else
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar._dfa import coreachable, minimize
+from specjax.grammar._interegular_crawl import install
+
+install()  # interegular's own crawl is quadratic in states (see _interegular_crawl)
 
 
 class TooLarge(ValueError):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from specjax.grammar import _charsets as cs
+from specjax.grammar import _deadline
 from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._ebnf_productive import productive
@@ -104,6 +105,7 @@ class _Compiler:
             raise SchemaError("$schema", "#", "draft-03 is not supported (drafts 4, 6, 7, 2019-09, 2020-12 are)")
         self.rules: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.suffix: dict[str, int] = {}
         self.depth = 0
         ws = options.whitespace == "flexible"
         n = options.max_whitespace
@@ -134,6 +136,7 @@ class _Compiler:
         key = path if key is None else key
         if key in self.names:
             return self.names[key]
+        _deadline.check()  # a caller's compile time limit (GrammarSpec wraps the front-end in it)
         if self.depth > _MAX_NESTING:
             raise SchemaError("$ref", path, f"schema nesting deeper than {_MAX_NESTING} (a recursion through "
                                             "allOf/$ref merging that never repeats itself?)")
@@ -164,9 +167,12 @@ class _Compiler:
     def _new_name(self, path: str) -> str:
         base = "s_" + re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")
         base = base if base != "s_" else "s_root"
-        name, k = base, 1
+        k = self.suffix.get(base, 0)  # the next suffix to try: a scan from 1 made long rule chains quadratic
+        name = base if k == 0 else f"{base}_{k}"
         while name in self.rules:
-            name, k = f"{base}_{k}", k + 1
+            k += 1
+            name = f"{base}_{k}"
+        self.suffix[base] = k + 1
         return name
 
     def any_value(self) -> str:

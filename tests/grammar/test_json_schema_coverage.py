@@ -249,3 +249,10 @@ def test_property_names_on_extra_keys_accept_exactly_the_valid_objects(name):
         docs += [{keys[0]: v, keys[1]: w} for v in _KEY_VALUES for w in _KEY_VALUES[:2]]
     docs += [{k: v} for k in _KEYS for v in _KEY_VALUES]
     check_exact(schema, docs)
+
+
+def test_additional_items_without_array_items_is_ignored_as_validators_do():
+    """In 2020-12 additionalItems is no keyword; next to a schema-form items it has no effect in any draft."""
+    schema = {"type": "array", "items": {"type": "integer"}, "additionalItems": False, "maxItems": 3}
+    check_exact(schema, ["[]", "[1]", "[1,2]", "[1,2,3]", "[1,2,3,4]", '["a"]'])
+    check_samples(schema, seed=1, n=20)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from re import _parser as sre_parse
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
+from specjax.grammar._counted import MAX_POSITIONS, positions
 from specjax.grammar._json_conditions import leaf_not
 from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
 from specjax.grammar._json_numbers import NumberEmitter
@@ -234,7 +236,7 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
         if body is None or not (lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi))):
             _check_count("maxLength", path, hi or 0, "characters", at_least=False)
         if body is None:
-            return json_string_terminal(_repeat(cs.json_class_text(cs.ANY), lo, hi))
+            return json_string_terminal(_sized(_repeat(cs.json_class_text(cs.ANY), lo, hi), path, hi))
         if lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi)):
             return json_string_terminal(body)  # the length bounds hold for every string of the pattern/format
         simple = rx.class_repeat(node["pattern"]) if "pattern" in node else None
@@ -244,7 +246,7 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
         a, b = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
         if b is not None and a > b:
             return None
-        return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
+        return json_string_terminal(_sized(_repeat(cs.json_class_text(chars), a, b), path, b))
 
     def string_except(self, node: dict, path: str, values: list[str]) -> str | None:
         """Strings of the node other than ``values`` (``not {enum}``): the pattern's DFA minus the values."""
@@ -306,3 +308,14 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
             return rx.translate(pattern, cs.json_class_text, search=True), rx.width(pattern, search=True)
         except rx.RegexError as e:
             raise SchemaError("pattern", path, str(e)) from None
+
+
+def _sized(regex: str, path: str, hi: int | None) -> str:
+    """The regex of a length-bounded string, refused here (naming the keyword) when the compiler would refuse
+    its terminal: each character may be an escape sequence (up to 11 automaton positions for any character)."""
+    if (size := positions(sre_parse.parse(regex))) > MAX_POSITIONS:
+        kw = "maxLength" if hi is not None else "minLength"
+        raise SchemaError(kw, path, f"strings of up to {hi if hi is not None else 'at least'} characters need "
+                                    f"{size:,} automaton positions (each character may be an escape sequence; limit "
+                                    f"{MAX_POSITIONS:,}); lower {kw} in the schema (about 900 characters fit)")
+    return regex

@@ -256,3 +256,11 @@ def test_additional_items_without_array_items_is_ignored_as_validators_do():
     schema = {"type": "array", "items": {"type": "integer"}, "additionalItems": False, "maxItems": 3}
     check_exact(schema, ["[]", "[1]", "[1,2]", "[1,2,3]", "[1,2,3,4]", '["a"]'])
     check_samples(schema, seed=1, n=20)
+
+
+def test_long_strings_are_refused_by_the_front_end_naming_max_length():
+    """The compiler refuses a terminal past 10,000 positions with a Lark message; the schema says which keyword."""
+    json_schema_to_lark({"type": "string", "maxLength": 900})
+    with pytest.raises(SchemaError, match="each character may be an escape sequence") as info:
+        json_schema_to_lark({"type": "object", "properties": {"d": {"type": "string", "maxLength": 5000}}})
+    assert info.value.keyword == "maxLength" and info.value.path == "#/properties/d"

@@ -32,11 +32,6 @@ PATTERN_FORMAT = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PATTERN_FORMAT))
-def test_pattern_with_format_samples_validate(name):
-    check_samples(PATTERN_FORMAT[name], seed=2, n=30)
-
-
 def test_pattern_with_format_accepts_exactly_both():
     check_exact(PATTERN_FORMAT["date_digits"], ['"2024-02-29"', '"2023-02-29"', '"2024-2-01"', '"20240-01-01"',
                                                 '"2024-13-01"', '"x2024-01-01"'])
@@ -71,10 +66,6 @@ DEPENDENCIES = {
 }
 _VALUES = {"a": [1, 5, "s"], "b": ["s"], "t": ["x", "y"], "c": [True], "d": [None], "z": [1], "k": [-1, 3]}
 
-
-@pytest.mark.parametrize("name", sorted(DEPENDENCIES))
-def test_schema_dependencies_samples_validate(name):
-    check_samples(DEPENDENCIES[name], seed=4, n=40)
 
 
 @pytest.mark.parametrize("name", sorted(DEPENDENCIES))
@@ -127,10 +118,6 @@ _NUMBER_TEXTS = ["0", "1", "-1", "2", "3", "4", "7", "14", "-28", "-35", "16", "
 # non-zero fraction digit comes within 15 - digits(bound) places, so a float rounding onto the bound is never made.
 _NARROWED = {("mixed_integer_exclusive", "0.000000000000001")}
 
-
-@pytest.mark.parametrize("name", sorted(NUMBERS))
-def test_number_bounds_and_steps_samples_validate(name):
-    check_samples(NUMBERS[name], seed=6, n=40)
 
 
 @pytest.mark.parametrize("name", sorted(NUMBERS))
@@ -194,10 +181,6 @@ _MERGE_DOCS = [None, True, 0, 1, 2, 3, 4, 5, 6, 7, 9, -1, 2.5, '""', '"ab"', '"a
                {"b": 1}, {"a": 1, "b": 1}]
 
 
-@pytest.mark.parametrize("name", sorted(MERGES))
-def test_merged_schemas_samples_validate(name):
-    check_samples(MERGES[name], seed=8, n=40)
-
 
 @pytest.mark.parametrize("name", sorted(MERGES))
 def test_merged_schemas_accept_exactly_the_valid_values(name):
@@ -234,10 +217,6 @@ _KEYS = ["a", "ab", "abc", "abcd", "cab", "Xy", "x", "y", "xa", "xab", "xabc", "
 _KEY_VALUES = [True, None, 1]
 
 
-@pytest.mark.parametrize("name", sorted(NAMES))
-def test_property_names_on_extra_keys_samples_validate(name):
-    check_samples(NAMES[name], seed=9, n=40)
-
 
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_property_names_on_extra_keys_accept_exactly_the_valid_objects(name):
@@ -264,3 +243,13 @@ def test_long_strings_are_refused_by_the_front_end_naming_max_length():
     with pytest.raises(SchemaError, match="each character may be an escape sequence") as info:
         json_schema_to_lark({"type": "object", "properties": {"d": {"type": "string", "maxLength": 5000}}})
     assert info.value.keyword == "maxLength" and info.value.path == "#/properties/d"
+
+
+SAMPLED = {f"{group}/{name}": schema for group, schemas in (("pattern_format", PATTERN_FORMAT),
+           ("dependencies", DEPENDENCIES), ("numbers", NUMBERS), ("merges", MERGES), ("names", NAMES))
+           for name, schema in schemas.items()}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_samples_of_every_schema_above_validate(name):
+    check_samples(SAMPLED[name], seed=4, n=40)

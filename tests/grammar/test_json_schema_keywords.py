@@ -90,9 +90,12 @@ def test_pattern_properties_refusals_name_keyword_and_path():
                                JsonSchemaOptions(strict_objects=True))
     with pytest.raises(SchemaError, match=r"'patternProperties' at #/patternProperties/\(\?=a\)"):
         json_schema_to_lark({"type": "object", "patternProperties": {"(?=a)": {}}})
-    with pytest.raises(SchemaError, match="'propertyNames' at #"):
+    with pytest.raises(SchemaError, match="'propertyNames' at #"):  # a key constraint not compiled
         json_schema_to_lark({"type": "object", "patternProperties": {"^a": {}}, "additionalProperties": False,
-                             "propertyNames": {"maxLength": 3}})
+                             "propertyNames": {"not": {"const": "ab"}}})
+    short = _parser(json_schema_to_lark({"type": "object", "patternProperties": {"^a": {}},
+                                         "additionalProperties": False, "propertyNames": {"maxLength": 3}}))
+    assert _parses(short, '{"abc":1}') and not _parses(short, '{"abcd":1}') and not _parses(short, '{"b":1}')
 
 
 # ------------------------------------------------------------------------------------ not, if/then/else

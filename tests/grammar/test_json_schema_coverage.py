@@ -29,6 +29,8 @@ PATTERN_FORMAT = {
     "datetime_utc": {"type": "string", "format": "date-time", "pattern": "Z$", "maxLength": 20},
     "email_prefix": {"type": "string", "format": "email", "pattern": "^a[a-z]*@"},
     "uri_https": {"type": "string", "format": "uri", "pattern": "^https://", "minLength": 10},
+    "ipv6": {"type": "string", "format": "ipv6"},
+    "uri_reference": {"type": "string", "format": "uri-reference", "maxLength": 12},
 }
 
 
@@ -39,6 +41,17 @@ def test_pattern_with_format_accepts_exactly_both():
                                                  '"2024-01-01T00:00:00+01:00"', '"2024-01-01T24:00:00Z"'])
     check_exact(PATTERN_FORMAT["email_prefix"], ['"ab@x.org"', '"a@x"', '"b@x.org"', '"aB@x.org"'])
     check_exact(PATTERN_FORMAT["uri_https"], ['"https://a.b/c"', '"https://a"', '"http://a.b/cd"', '"https:/"'])
+
+
+def test_ipv6_and_uri_reference_formats_are_exact_within_their_documented_forms():
+    check_exact(PATTERN_FORMAT["ipv6"], [f'"{a}"' for a in ["::", "::1", "1::", "1:2:3:4:5:6:7::", "fe80::1:2",
+                                                           "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7:8:9", ":::",
+                                                           "1:::2", "12345::", "1::2::3", "g::1"]])
+    check_exact(PATTERN_FORMAT["uri_reference"], [f'"{u}"' for u in ["a:b", "//h/p", "/abs", "rel/p", "", "#f",
+                                                                     "?q", "a b", ":x", "%zz", "a/%41",
+                                                                     "x:y:z"]])
+    # documented narrowings (docs/grammar-json-schema.md, formats): IP-literal hosts, embedded IPv4 in IPv6
+    assert not _parses(_parser(json_schema_to_lark(PATTERN_FORMAT["uri_reference"])), '"//[::1]"')
 
 
 def test_pattern_with_format_that_never_meet_is_empty_and_format_ignored_keeps_pattern():

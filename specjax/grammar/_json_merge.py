@@ -141,8 +141,18 @@ def _is_schema(value) -> bool:
     return isinstance(value, dict | bool)
 
 
+def _as_enum(sub):
+    """A ``not`` leaf of const (or enum and const) as an enum, so that two value leaves merge into one."""
+    if isinstance(sub, dict) and "const" in sub and set(sub) <= {"enum", "const"}:
+        values = sub["enum"] if "enum" in sub and isinstance(sub["enum"], list) else [sub["const"]]
+        return {"enum": [v for v in values if canonical(_norm(v)) == canonical(_norm(sub["const"]))]}
+    return sub
+
+
 def _merge_not(va, vb):
-    """not A and not B = not (A or B); two enums (or two type lists) stay one leaf."""
+    """not A and not B = not (A or B); two value leaves (enum/const) or two type lists stay one leaf (an anyOf of
+    two value leaves would be split into cases that merge back into it: a cycle)."""
+    va, vb = _as_enum(va), _as_enum(vb)
     if isinstance(va, dict) and isinstance(vb, dict):
         for kw in ("enum", "type"):
             if set(va) == {kw} == set(vb) and isinstance(va[kw], list | str) and isinstance(vb[kw], list | str):

@@ -122,9 +122,12 @@ class _Compiler:
         if self.ws_terminal:
             lines.append(self.ws_terminal)
         text = "\n".join(lines) + "\n"
-        if self.has_refs and "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
-            raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
-                                                "references (empty language)")
+        if "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
+            if self.has_refs:
+                raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
+                                                    "references (empty language)")
+            raise EmptySchemaError("allOf", "#", "the case analysis of not/if/oneOf closed a cycle without a value "
+                                                 "(empty grammar); not compiled")
         return text
 
     def rule(self, node, path: str, key: str | None = None) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from specjax.grammar._deadline import deadline
 from specjax.grammar.compiler import GrammarOptions, compile_grammar
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
@@ -117,10 +118,11 @@ class GrammarSpec:
             if not isinstance(schema, dict | bool):
                 raise GrammarSpecError(f"{self.where}: a JSON Schema must be an object or a boolean, "
                                        f"got {type(schema).__name__}")
-            return json_schema_to_lark(schema, JsonSchemaOptions(
-                whitespace=self.whitespace, max_whitespace=self.max_whitespace, strict_objects=self.strict_objects,
-                unknown_formats=self.unknown_formats, max_repeat=self.max_repeat))
-        except (SchemaError, RegexError) as e:
+            with deadline(self.timeout):  # the compile time limit covers the schema front-end too
+                return json_schema_to_lark(schema, JsonSchemaOptions(
+                    whitespace=self.whitespace, max_whitespace=self.max_whitespace, strict_objects=self.strict_objects,
+                    unknown_formats=self.unknown_formats, max_repeat=self.max_repeat))
+        except (SchemaError, RegexError, GrammarError) as e:
             raise GrammarSpecError(f"{self.where}: {_one_line(e)}") from None
 
     def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:

@@ -39,6 +39,17 @@ _HIER = (rf"(?:\/\/{_AUTHORITY}(?:\/{_PCHAR}*)*|\/(?:{_PCHAR}+(?:\/{_PCHAR}*)*)?
          rf"|{_PCHAR}+(?:\/{_PCHAR}*)*)?")
 _TAIL = rf"(?:\?(?:{_PCHAR}|[\/?])*)?(?:#(?:{_PCHAR}|[\/?])*)?"
 URI = rf"[A-Za-z][A-Za-z0-9+\-.]*:{_HIER}{_TAIL}"
+# RFC 3986 relative-ref: "//" authority path, an absolute path, a first segment without ":", or nothing.
+_SEGMENT_NC = rf"(?:[A-Za-z0-9\-._~!$&'()*+,;=@]|{_PCT})"
+_RELATIVE = rf"(?:\/\/{_AUTHORITY}(?:\/{_PCHAR}*)*|\/(?:{_PCHAR}+(?:\/{_PCHAR}*)*)?|{_SEGMENT_NC}+(?:\/{_PCHAR}*)*)?"
+URI_REFERENCE = rf"(?:{URI}|{_RELATIVE}{_TAIL})"
+
+# RFC 4291 text forms: eight groups, or k groups, "::" (one or more zero groups), at most 7 - k groups. Embedded
+# IPv4 tails and zone ids are not generated.
+_H16 = "[0-9a-fA-F]{1,4}"
+_COMPRESSED = [(f"(?:{_H16}:){{{k - 1}}}{_H16}" if k else "") + "::" +
+               (f"(?:{_H16}(?::{_H16}){{0,{6 - k}}})?" if k < 7 else "") for k in range(8)]
+IPV6 = "(?:" + "|".join([f"(?:{_H16}:){{7}}{_H16}", *_COMPRESSED]) + ")"
 
 FORMATS = {
     "date-time": DATE_TIME,
@@ -47,6 +58,8 @@ FORMATS = {
     "email": EMAIL,
     "uuid": UUID,
     "uri": URI,
+    "uri-reference": URI_REFERENCE,
+    "ipv6": IPV6,
     "ipv4": IPV4,
     "hostname": HOSTNAME,
 }

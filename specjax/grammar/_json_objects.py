@@ -5,9 +5,10 @@ from __future__ import annotations
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
+from specjax.grammar._json_names import KeyFilter, key_filter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import _pointer, _trie, json_string_terminal, lark_literal
-from specjax.grammar._regex_fsm import TooLarge, fsm_rules, key_regions
+from specjax.grammar._regex_fsm import TooLarge, fsm_rules, key_region_rules, key_regions
 
 _MAX_PATTERNS = 8  # patternProperties next to extra keys (19 disjoint ones: 16 s of interegular products)
 _KEY_CHARS = ((0x20, 0x7E),)  # extra keys next to patternProperties: printable ASCII (see _pattern_tail)
@@ -43,8 +44,13 @@ class ObjectEmitter:
                                                      patterns, extra), True))
         members = [(n, s, p, req, key) for n, s, key, p, req in members]
         extras = not self.c.options.strict_objects and (extra is not False or bool(patterns))
+        filt = None  # the keys propertyNames allows (None: all)
         if "propertyNames" in node:
-            members = self._named_members(node, path, members, extras)
+            names = node["propertyNames"]
+            if isinstance(names, dict):
+                names, _ = self.c.flatten(names, f"{path}/propertyNames")
+            filt = key_filter(self.c, names, path) if extras else None
+            members = self._named_members(path, members, names)
         pairs, names = [], []
         for n, s, p, req, key in members:
             try:
@@ -54,13 +60,18 @@ class ObjectEmitter:
                 if req:
                     raise
                 # an optional property whose schema nothing satisfies can only be absent (exact)
-        tail = None
+        tail, listed = None, [n for n, *_ in members] + list(props)
         if extras:
-            listed = [n for n, *_ in members] + list(props)
-            tail = self._pattern_tail(extra, patterns, listed, path) if patterns else \
-                self._extra_tail(extra, listed, path)
+            tail = self._pattern_tail(extra, patterns, listed, path, filt) if patterns else \
+                self._extra_tail(extra, listed, path, filt)
         count = self._property_counts(node, path)
-        deps = self._dependencies(node, path, names, tail is not None)
+        deps, dead = self._dependencies(node, path, names, tail is not None, listed)
+        if dead:  # a member whose dependency cannot appear can only be absent
+            if dead & {n for n, (_, req) in zip(names, pairs, strict=True) if req}:
+                raise EmptySchemaError("dependencies", path, f"required property {sorted(dead)[0]!r} depends on a "
+                                                             "property that cannot appear (empty language)")
+            pairs = [p for n, p in zip(names, pairs, strict=True) if n not in dead]
+            names = [n for n in names if n not in dead]
         body = self._members(pairs, tail, path) if count == (0, None) and not deps else \
             self._counted_members(pairs, tail, path, *count, names=names, deps=deps)
         w = self.c.ws
@@ -71,19 +82,33 @@ class ObjectEmitter:
         unless a pattern matches) and the schemas of the patterns that match it (as validators match: re.search)."""
         matching = [p for p in patterns if logic._search(p, name)]
         if not matching:
-            return (extra if sub is None else sub), None, spath
+            schema = extra if sub is None else sub
+            # an allOf here may be made by merging (its pointer also names the unmerged schema, which a $ref may
+            # reach): memoized by content too
+            key = f"{spath}|{logic.canonical(schema)}" if isinstance(schema, dict) and "allOf" in schema else None
+            return schema, key, spath
         parts = ([] if sub is None else [sub]) + [patterns[p] for p in matching]
         return {"allOf": parts}, None, f"{spath}/(with patternProperties)"  # a merged schema: its own location
 
-    def _extra_tail(self, extra, listed: list[str], path: str) -> str | None:
-        key = self._key_not_in(listed)
+    def _extra_tail(self, extra, listed: list[str], path: str, filt: KeyFilter | None = None) -> str | None:
+        if filt is None:
+            key = self._key_not_in(listed)
+        else:  # the keys propertyNames allows, minus the listed names
+            try:
+                key = self._add_rules(f"{path}/key", lambda n: key_region_rules(
+                    list(filt.regexes), listed, n, cs.ANY, lo=filt.lo, hi=filt.hi))[0]
+            except TooLarge as e:
+                raise SchemaError("propertyNames", path, f"the extra keys need {e}; pass strict_objects") from None
+            if key is None:
+                return None
         try:
             value = self.c.rule(extra, f"{path}/additionalProperties")
         except EmptySchemaError:
             return None
         return self.c.rule_text(f"{path}/extra", f'{key}{self.c.ws} ":"{self.c.ws} {value}')
 
-    def _pattern_tail(self, extra, patterns: dict, listed: list[str], path: str) -> str | None:
+    def _pattern_tail(self, extra, patterns: dict, listed: list[str], path: str,
+                      filt: KeyFilter | None = None) -> str | None:
         """Extra members next to patternProperties: one key language per set of matching patterns (regex
         intersection and difference on DFAs, `key_regions`), its value the allOf of their schemas (none:
         additionalProperties).
@@ -103,7 +128,8 @@ class ObjectEmitter:
                 raise SchemaError("patternProperties", f"{path}/patternProperties/{_pointer(p)}", str(e)) from None
         ps, w, alts = list(patterns), self.c.ws, []
         try:
-            regions = key_regions([regex[p] for p in ps], listed, _KEY_CHARS)
+            filt = filt or KeyFilter()
+            regions = key_regions([regex[p] for p in ps], listed, _KEY_CHARS, within=filt.regexes)
         except TooLarge as e:
             raise SchemaError("patternProperties", path, f"the keys of {len(ps)} patterns need {e}; pass "
                                                          "strict_objects") from None
@@ -117,7 +143,7 @@ class ObjectEmitter:
                 f"{path}/patternProperties/({' & '.join(_pointer(p) for p in inside)})"
             schema = extra if not inside else patterns[inside[0]] if len(inside) == 1 else \
                 {"allOf": [patterns[p] for p in inside]}
-            name, added = self._add_rules(f"{path}/key", lambda n, fsm=fsm: fsm_rules(fsm, 0, None, n))
+            name, added = self._add_rules(f"{path}/key", lambda n, fsm=fsm: fsm_rules(fsm, filt.lo, filt.hi, n))
             if name is None:
                 continue
             try:
@@ -168,18 +194,17 @@ class ObjectEmitter:
             first = self._fresh(path, "members", first)
         return first
 
-    def _named_members(self, node: dict, path: str, members: list, extras: bool) -> list:
-        """propertyNames: a listed name it refuses can only be absent; extra keys would need the intersection
-        of two regular languages in the key terminal, so they must be off (strict_objects or
-        additionalProperties false)."""
-        names = node["propertyNames"]
-        if extras and names is not True:
-            raise SchemaError("propertyNames", path, "key constraints on extra keys are not compiled (pass "
-                              "strict_objects, or set additionalProperties false)")
+    @staticmethod
+    def _named_members(path: str, members: list, names) -> list:
+        """propertyNames (flattened): a listed name it refuses can only be absent (extra keys: `key_filter`)."""
         kept = []
         for member in members:
-            ok = names is True or names is not False and isinstance(names, dict) and \
-                logic.value_ok(member[0], {"type": "string", **names}, f"{path}/propertyNames")
+            try:
+                ok = names is True or names is not False and isinstance(names, dict) and \
+                    logic.value_ok(member[0], {"type": "string", **names}, f"{path}/propertyNames")
+            except SchemaError as e:
+                raise SchemaError("propertyNames", path, f"the key constraint {e.keyword!r} is not checked "
+                                                         "against the listed property names") from None
             if ok:
                 kept.append(member)
             elif member[3]:
@@ -199,25 +224,34 @@ class ObjectEmitter:
             raise EmptySchemaError("minProperties", path, "minProperties > maxProperties (empty language)")
         return lo, hi
 
-    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool) -> dict[str, set[str]]:
-        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}."""
+    def _dependencies(self, node: dict, path: str, names: list[str], extras: bool,
+                      listed: list[str]) -> tuple[dict[str, set[str]], set[str]]:
+        """dependencies (drafts <= 7, array form) / dependentRequired (2019-09+) as {name: names it requires}, and
+        the members that can only be absent (they require a name that cannot appear). ``listed``: names no extra
+        key can be (with ``extras``)."""
         out: dict[str, set[str]] = {}
         kw = "dependencies" if self.c.draft <= 7 else "dependentRequired"  # the other is no keyword of the draft
-        for _ in (0,):
-            for a, need in (node.get(kw) or {}).items():
-                if not isinstance(need, list):
-                    raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
-                                                                        "(only the array form: required names)")
-                if a not in names:
-                    if extras and set(need) - set(node.get("required", [])):
-                        raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
-                                                    "not compiled (pass strict_objects)")
-                    continue  # a key that never appears triggers nothing
-                for b in need:
-                    if b not in names and b != a:
-                        raise SchemaError(kw, path, f"key {a!r} requires {b!r}, which is not a property of the schema")
-                out.setdefault(a, set()).update(b for b in need if b != a)
-        return {a: need for a, need in out.items() if need}
+        for a, need in (node.get(kw) or {}).items():
+            if not isinstance(need, list):  # json_schema.py splits the schema form into cases before this
+                raise SchemaError(kw, f"{path}/{kw}/{_pointer(a)}", "a schema-valued dependency is not compiled "
+                                                                    "(only the array form: required names)")
+            if a not in names:
+                if extras and a not in listed and set(need) - set(node.get("required", [])):
+                    raise SchemaError(kw, path, f"a dependency of key {a!r}, which only an extra key can be, is "
+                                                "not compiled (pass strict_objects)")
+                continue  # a key that never appears triggers nothing
+            out.setdefault(a, set()).update(b for b in need if b != a)
+        dead: set[str] = set()
+        while True:  # a member requiring a name that cannot appear (or a dead member) is dead too
+            more = {a for a, need in out.items() if a not in dead and any(b not in names or b in dead for b in need)}
+            for a in more:
+                if extras and any(b not in names and b not in listed for b in out[a]):
+                    raise SchemaError(kw, path, f"key {a!r} requires a key only an extra key can be, which is not "
+                                                "compiled (pass strict_objects)")
+            if not more:
+                break
+            dead |= more
+        return {a: need for a, need in out.items() if need and a not in dead}, dead
 
     def _counted_members(self, pairs: list[tuple[str, bool]], tail: str | None, path: str, lo: int,
                          hi: int | None, names: list[str] | None = None,

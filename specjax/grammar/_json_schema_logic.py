@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from fractions import Fraction
 
 from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
 
@@ -23,17 +24,19 @@ SUPPORTED = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
     "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum",
     "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "anyOf", "oneOf", "allOf", "$ref",
-    "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "propertyNames",
+    "uniqueItems", "minProperties", "maxProperties", "dependencies", "dependentRequired", "dependentSchemas",
+    "propertyNames",
     "patternProperties", "not", "if", "then", "else",
 })
 # Validation keywords of drafts 4 to 2020-12 that are refused (the grammar could not enforce them exactly).
 REFUSED = frozenset({
-    "dependentSchemas", "contains", "minContains", "maxContains",
+    "contains", "minContains", "maxContains",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow",
     "divisibleBy",
 })
 OBJECT_KEYS = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties",
-                         "dependencies", "dependentRequired", "propertyNames", "patternProperties"})
+                         "dependencies", "dependentRequired", "dependentSchemas", "propertyNames",
+                         "patternProperties"})
 ARRAY_KEYS = frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})
 STRING_KEYS = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KEYS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
@@ -122,6 +125,10 @@ def value_ok(value, node: dict, path: str) -> bool:
         elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and isinstance(node[kw], int | float):
             if not _bound_ok(kw, value, node):
                 return False
+        elif kw == "multipleOf" and isinstance(node[kw], int | float) and not isinstance(node[kw], bool) \
+                and node[kw] > 0:
+            if not _multiple_ok(value, node[kw]):
+                return False
         elif kw not in ("minLength", "maxLength"):
             raise SchemaError(kw, path, "cannot be combined with enum/const (values are not checked against it)")
     return True
@@ -135,6 +142,17 @@ def _applies(kw: str, vt: str) -> bool:
     return vt == ("object" if kw in OBJECT_KEYS else "array")
 
 
+def _multiple_ok(value, step) -> bool:
+    """multipleOf as the jsonschema package tests it (floating-point division for a float step)."""
+    if isinstance(step, float):
+        quotient = value / step
+        try:
+            return int(quotient) == quotient
+        except OverflowError:
+            return (Fraction(value) / Fraction(step)).denominator == 1
+    return value % step == 0
+
+
 def _bound_ok(kw: str, value, node: dict) -> bool:
     b = node[kw]
     if kw == "minimum":
@@ -142,78 +160,6 @@ def _bound_ok(kw: str, value, node: dict) -> bool:
     if kw == "maximum":
         return value < b if node.get("exclusiveMaximum") is True else value <= b
     return value > b if kw == "exclusiveMinimum" else value < b
-
-
-# ------------------------------------------------------------------------------------------------ allOf
-_TAKE_MAX = frozenset({"minimum", "minLength", "minItems", "minProperties"})
-_TAKE_MIN = frozenset({"maximum", "maxLength", "maxItems", "maxProperties"})
-
-
-def merge(a: dict, b: dict, path: str) -> dict:
-    """The intersection of two schemas as one schema, for the keyword combinations where it is exact."""
-    out = dict(a)
-    for kw, vb in b.items():
-        # Annotations and keywords no draft defines (vendor "x-..." ones) take no part in validation: a
-        # conflict between branches there is no conflict at all.
-        if kw not in out or kw in ANNOTATIONS or (kw not in SUPPORTED and kw not in REFUSED):
-            out.setdefault(kw, vb)
-            continue
-        va = out[kw]
-        if _same(va, vb):
-            continue
-        out[kw] = _merge_keyword(kw, va, vb, a, b, path)
-    _check_additional(a, b, path)
-    _check_additional(b, a, path)
-    return out
-
-
-def _same(x, y) -> bool:
-    return canonical(x) == canonical(y) and type(x) is type(y)
-
-
-def _merge_keyword(kw: str, va, vb, a: dict, b: dict, path: str):
-    if kw == "type":
-        both = type_set(a, path) & type_set(b, path)
-        if not both:
-            raise EmptySchemaError("allOf", path, "branches require disjoint types (empty language)")
-        return sorted(both - {"integer"} if "number" in both else both)
-    if kw == "required":
-        return list(dict.fromkeys([*va, *vb]))
-    if kw in ("properties", "patternProperties"):  # a name (pattern) in both: its values satisfy both schemas
-        props = dict(va)
-        for name, sb in vb.items():
-            props[name] = {"allOf": [props[name], sb]} if name in props else sb
-        return props
-    if kw == "allOf":
-        return [*va, *vb]
-    if kw == "enum":
-        keep = {canonical(_norm(v)) for v in vb}
-        return [v for v in va if canonical(_norm(v)) in keep]
-    if kw == "const":  # _same() already said they differ (1 and 1.0 are one value)
-        if canonical(_norm(va)) == canonical(_norm(vb)):
-            return va
-        raise EmptySchemaError("allOf", path, f"branches require different constants ({canonical(va)[:40]} vs "
-                                              f"{canonical(vb)[:40]}): no value satisfies both (empty language)")
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (va, vb))
-    if numeric and kw in _TAKE_MAX:
-        return max(va, vb)
-    if numeric and kw in _TAKE_MIN:
-        return min(va, vb)
-    if numeric and kw in ("exclusiveMinimum", "exclusiveMaximum"):
-        return max(va, vb) if kw == "exclusiveMinimum" else min(va, vb)
-    raise SchemaError("allOf", path, f"branches give '{kw}' different values ({canonical(va)[:40]} vs "
-                                     f"{canonical(vb)[:40]}); only type, required, properties, enum and bounds merge")
-
-
-def _check_additional(a: dict, b: dict, path: str) -> None:
-    """additionalProperties of one branch would judge the other branch's properties: refuse that case."""
-    if a.get("additionalProperties", True) is True:
-        return
-    extra = set(b.get("properties", {})) - set(a.get("properties", {}))
-    extra |= set(b.get("patternProperties", {})) - set(a.get("patternProperties", {}))
-    if extra:
-        raise SchemaError("allOf", path, f"one branch sets additionalProperties and another adds properties "
-                                         f"{sorted(extra)[:3]}; that intersection is not merged")
 
 
 # ------------------------------------------------------------------------------------------------ oneOf

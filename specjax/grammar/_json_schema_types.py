@@ -3,30 +3,35 @@
 from __future__ import annotations
 
 import json
-import math
+from re import _parser as sre_parse
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
+from specjax.grammar._counted import MAX_POSITIONS, positions
 from specjax.grammar._json_conditions import leaf_not
 from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
+from specjax.grammar._json_numbers import NumberEmitter
 from specjax.grammar._json_objects import ObjectEmitter
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import (
-    _MAX_SAFE,
-    NUMBER_REGEX,
     _check_count,
     _repeat,
     json_string_terminal,
     lark_literal,
 )
-from specjax.grammar._regex_fsm import TooLarge, key_region_rules, length_bounded_rules, raw_minus_rules
-from specjax.grammar._regex_ranges import int_range, number_range
+from specjax.grammar._regex_fsm import (
+    TooLarge,
+    intersection_rules,
+    key_region_rules,
+    length_bounded_rules,
+    raw_minus_rules,
+)
 
 _MAX_UNIQUE = 8  # uniqueItems: values of a finite item domain (2**n sets of written values)
 
 
-class TypeEmitter(ObjectEmitter):
+class TypeEmitter(ObjectEmitter, NumberEmitter):
     """Writes the Lark expression for each type a node admits; `c` is the owning compiler."""
 
     def __init__(self, compiler):
@@ -61,6 +66,8 @@ class TypeEmitter(ObjectEmitter):
                 raise SchemaError("not", path, "excluding numbers is not compiled (only integers, null, booleans and "
                                                "strings)")
             text = self.number(node, path, integer="number" not in types)
+            if numbers and text is not None and not text.startswith("/"):
+                raise SchemaError("not", path, "excluding integers next to multipleOf is not compiled")
             if numbers and text is not None:  # an integer range: its regex minus the listed texts
                 text = self._add_rules(f"{path}/integer", lambda n: raw_minus_rules(text[1:-1], numbers, n))[0]
             alts.append(text)
@@ -170,9 +177,8 @@ class TypeEmitter(ObjectEmitter):
 
     def _item_schemas(self, node: dict, path: str):
         if self.c.draft >= 2020:
-            for kw, why in (("additionalItems", "is not a draft 2020-12 keyword (use items)"),):
-                if kw in node:
-                    raise SchemaError(kw, path, why)
+            # additionalItems is no 2020-12 keyword (validators ignore it); an array-form items, which would give it
+            # meaning in older drafts, is refused just below: ignoring it is exact
             if isinstance(node.get("items"), list):
                 raise SchemaError("items", path, "an array of schemas is draft 2019-09 syntax; in 2020-12 use "
                                                  "prefixItems (or declare the draft in $schema)")
@@ -224,11 +230,13 @@ class TypeEmitter(ObjectEmitter):
         if hi is not None and lo > hi:
             return None
         _check_count("minLength", path, lo, "characters")
+        if "pattern" in node and self._format(node, path) is not None:
+            return self._pattern_and_format(node, path, lo, hi)
         body, width = self._string_body(node, path)
         if body is None or not (lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi))):
             _check_count("maxLength", path, hi or 0, "characters", at_least=False)
         if body is None:
-            return json_string_terminal(_repeat(cs.json_class_text(cs.ANY), lo, hi))
+            return json_string_terminal(_sized(_repeat(cs.json_class_text(cs.ANY), lo, hi), path, hi))
         if lo <= width[0] and (hi is None or (width[1] is not None and width[1] <= hi)):
             return json_string_terminal(body)  # the length bounds hold for every string of the pattern/format
         simple = rx.class_repeat(node["pattern"]) if "pattern" in node else None
@@ -238,7 +246,7 @@ class TypeEmitter(ObjectEmitter):
         a, b = max(a, lo), (hi if b is None else b if hi is None else min(b, hi))
         if b is not None and a > b:
             return None
-        return json_string_terminal(_repeat(cs.json_class_text(chars), a, b))
+        return json_string_terminal(_sized(_repeat(cs.json_class_text(chars), a, b), path, b))
 
     def string_except(self, node: dict, path: str, values: list[str]) -> str | None:
         """Strings of the node other than ``values`` (``not {enum}``): the pattern's DFA minus the values."""
@@ -266,17 +274,32 @@ class TypeEmitter(ObjectEmitter):
         self.c.rules.update(rules)
         return f"{name}_s"
 
-    def _string_body(self, node: dict, path: str):
-        fmt, pattern = node.get("format"), node.get("pattern")
+    def _format(self, node: dict, path: str) -> str | None:
+        """The node's format when it is enforced (None: absent, or one no validator checks / ignored by option)."""
+        fmt = node.get("format")
         if fmt is not None and fmt not in FORMATS:
             if self.c.options.unknown_formats == "ignore" or fmt not in SPEC_FORMATS:  # no validator checks it
-                fmt = None
-            else:
-                raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
-                                                  f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to leave it "
-                                                  "unenforced (json_unknown_formats=ignore on the command line)")
-        if fmt is not None and pattern is not None:
-            raise SchemaError("pattern", path, "pattern together with format is not supported")
+                return None
+            raise SchemaError("format", path, f"format {fmt!r} has no exact grammar (supported: "
+                                              f"{', '.join(FORMATS)}); pass unknown_formats='ignore' to leave it "
+                                              "unenforced (json_unknown_formats=ignore on the command line)")
+        return fmt
+
+    def _pattern_and_format(self, node: dict, path: str, lo: int, hi: int | None) -> str | None:
+        """A string that matches both its pattern and its format (and the length bounds): DFA intersection."""
+        try:
+            pattern = rx.translate(node["pattern"], cs.class_text, search=True)
+        except rx.RegexError as e:
+            raise SchemaError("pattern", path, str(e)) from None
+        try:
+            return self._add_rules(f"{path}/string",
+                                   lambda n: intersection_rules([FORMATS[node["format"]], pattern], lo, hi, n))[0]
+        except TooLarge as e:
+            raise SchemaError("pattern", path, f"the intersection with format {node['format']!r} has {e}; not "
+                                               "compiled") from None
+
+    def _string_body(self, node: dict, path: str):
+        fmt, pattern = self._format(node, path), node.get("pattern")
         if fmt is not None:
             return FORMATS[fmt], rx.width(FORMATS[fmt])
         if pattern is None:
@@ -286,44 +309,13 @@ class TypeEmitter(ObjectEmitter):
         except rx.RegexError as e:
             raise SchemaError("pattern", path, str(e)) from None
 
-    # ---------------------------------------------------------------------------------- numbers
-    def number(self, node: dict, path: str, integer: bool) -> str | None:
-        if "multipleOf" in node:
-            if node["multipleOf"] != 1 or isinstance(node["multipleOf"], bool):
-                raise SchemaError("multipleOf", path, "only multipleOf 1 is supported (other steps are not compiled)")
-            integer = True
-        lo, lo_excl, hi, hi_excl = self._bounds(node, path)
-        if integer:
-            ilo = None if lo is None else math.floor(lo) + 1 if lo_excl else math.ceil(lo)
-            ihi = None if hi is None else math.ceil(hi) - 1 if hi_excl else math.floor(hi)
-            text = int_range(ilo, ihi)
-        elif lo is None and hi is None:
-            text = NUMBER_REGEX
-        else:
-            for kw, b in (("minimum", lo), ("maximum", hi)):
-                if b is not None and (not float(b).is_integer() or abs(b) > _MAX_SAFE):
-                    raise SchemaError(kw, path, f"bound {b!r} on a non-integer number: only integer bounds up to "
-                                                "2**53 are compiled exactly")
-            alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
-            return " | ".join(f"/{a}/" for a in alts) or None
-        return None if text is None else f"/{text}/"
 
-    def _bounds(self, node: dict, path: str):
-        """(lo, lo exclusive, hi, hi exclusive) under the draft's syntax (draft 4: boolean exclusives)."""
-        out = []
-        for inc, exc in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-            m, e = node.get(inc), node.get(exc)
-            for kw, v in ((inc, m), (exc, e)):
-                if v is not None and not (isinstance(v, int | float) and math.isfinite(v)) and \
-                        not (self.c.draft <= 4 and kw == exc and isinstance(v, bool)):
-                    raise SchemaError(kw, path, f"must be a finite number, got {v!r}")
-            if self.c.draft <= 4:
-                out += [m, bool(e) and m is not None]
-            elif isinstance(e, bool):
-                raise SchemaError(exc, path, "a boolean is draft 4 syntax; from draft 6 on it must be a number")
-            elif e is None or m is None:
-                out += [m, False] if e is None else [e, True]
-            else:
-                tighter_e = e >= m if inc == "minimum" else e <= m
-                out += [e, True] if tighter_e else [m, False]
-        return tuple(out)
+def _sized(regex: str, path: str, hi: int | None) -> str:
+    """The regex of a length-bounded string, refused here (naming the keyword) when the compiler would refuse
+    its terminal: each character may be an escape sequence (up to 11 automaton positions for any character)."""
+    if (size := positions(sre_parse.parse(regex))) > MAX_POSITIONS:
+        kw = "maxLength" if hi is not None else "minLength"
+        raise SchemaError(kw, path, f"strings of up to {hi if hi is not None else 'at least'} characters need "
+                                    f"{size:,} automaton positions (each character may be an escape sequence; limit "
+                                    f"{MAX_POSITIONS:,}); lower {kw} in the schema (about 900 characters fit)")
+    return regex

@@ -15,6 +15,9 @@ from interegular.fsm import FSM, anything_else
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar._dfa import coreachable, minimize
+from specjax.grammar._interegular_crawl import install
+
+install()  # interegular's own crawl is quadratic in states (see _interegular_crawl)
 
 
 class TooLarge(ValueError):
@@ -44,15 +47,28 @@ def length_bounded_rules(regex: str, lo: int, hi: int | None, name: str, max_pai
     return fsm_rules(interegular.parse_pattern(regex).to_fsm().reduce(), lo, hi, name, max_pairs)
 
 
-def key_region_rules(inside: list[str], names: list[str], name: str, chars=cs.ANY,
-                     max_pairs: int = 10000) -> dict[str, str]:
-    """Rules for the strings in every regex of ``inside`` and not one of ``names``, made of ``chars``, written as
-    JSON strings (canonical encoding, quotes included); regexes as for `key_regions`. {} when empty."""
+def intersection_rules(regexes: list[str], lo: int, hi: int | None, name: str,
+                       max_pairs: int = 10000) -> dict[str, str]:
+    """Rules for the strings in every regex of ``regexes`` (full match, over decoded characters) with
+    lo <= length <= hi, written as JSON string contents in quotes; {} when the intersection is empty.
+    Used for a ``pattern`` next to a ``format``: both must hold, as validators check both."""
+    fsm = interegular.parse_pattern(regexes[0]).to_fsm()
+    for regex in regexes[1:]:
+        fsm = fsm & interegular.parse_pattern(regex).to_fsm()
+    fsm = _minimal(fsm)
+    return fsm_rules(fsm, lo, hi, name, max_pairs) if fsm.finals else {}
+
+
+def key_region_rules(inside: list[str], names: list[str], name: str, chars=cs.ANY, max_pairs: int = 10000,
+                     lo: int = 0, hi: int | None = None) -> dict[str, str]:
+    """Rules for the strings in every regex of ``inside`` and not one of ``names``, made of ``chars``, with
+    lo <= length <= hi, written as JSON strings (canonical encoding, quotes included); regexes as for
+    `key_regions`. {} when empty."""
     fsm = _without_names(interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm(), names)
     for regex in inside:
         fsm = fsm & interegular.parse_pattern(regex).to_fsm()
-    fsm = fsm.reduce()
-    return {} if fsm.empty() else fsm_rules(fsm, 0, None, name, max_pairs)
+    fsm = _minimal(fsm)
+    return fsm_rules(fsm, lo, hi, name, max_pairs) if fsm.finals else {}
 
 
 def _without_names(fsm, names: list[str]):
@@ -63,16 +79,19 @@ def _without_names(fsm, names: list[str]):
 
 
 def key_regions(patterns: list[str], names: list[str], chars, max_regions: int = 64,
-                max_states: int = 10000) -> list[tuple[object, frozenset[int]]]:
+                max_states: int = 10000, within: tuple[str, ...] = ()) -> list[tuple[object, frozenset[int]]]:
     """The non-empty key regions of patternProperties: (DFA, indices of the patterns its keys match) for keys
     made of ``chars`` that are not one of ``names``; every key lies in exactly one region. Regexes are over the
     decoded characters (``translate(..., cs.class_text, search=True)``: full match, search semantics written in).
 
     Built by refinement, one pattern at a time (each region splits into its keys that match the pattern and
     those that do not; empty halves are dropped), so disjoint patterns give n + 1 regions, not 2**n.
-    Raises TooLarge past ``max_regions`` regions or ``max_states`` states in one region.
+    Raises TooLarge past ``max_regions`` regions or ``max_states`` states in one region. Keys outside any regex
+    of ``within`` (propertyNames) are in no region.
     """
     fsm = _without_names(interegular.parse_pattern(f"{cs.class_text(chars)}*").to_fsm(), names)
+    for regex in within:
+        fsm = fsm & interegular.parse_pattern(regex).to_fsm()
     regions = [(_minimal(fsm), frozenset())]
     for i, regex in enumerate(patterns):
         pattern = interegular.parse_pattern(regex).to_fsm()

@@ -123,3 +123,56 @@ def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -
         y_lo_excl = y_lo == 0 or hi_excl
         alts += ["-" + a for a in _nonneg_decimal(y_lo, y_lo_excl, None if lo is None else -lo, lo_excl, cap)]
     return alts
+
+
+# ----------------------------------------------------------------------------------- decimal bounds
+_ANY_FRACTION = r"(?:\.[0-9]+)?"
+_NONNEG = r"(?:0|[1-9][0-9]*)" + _ANY_FRACTION
+
+
+def _split(value) -> tuple[int, str]:
+    """A non-negative Decimal as (integer part, fraction digits without trailing zeros)."""
+    whole, _, fraction = format(value, "f").partition(".")
+    return int(whole), fraction.rstrip("0")
+
+
+def _fraction_at_least(b: str) -> str:
+    """Fraction digit strings F (after the point) with 0.F >= 0.b."""
+    alts = [f"{b[:i]}[{int(d) + 1}-9][0-9]*" for i, d in enumerate(b) if d != "9"]
+    return "(?:" + "|".join([*alts, f"{b}[0-9]*"]) + ")"
+
+
+def _fraction_at_most(b: str) -> str:
+    """Fraction digit strings F (after the point) with 0.F <= 0.b."""
+    alts = [f"{b[:i]}[0-{int(d) - 1}][0-9]*" for i, d in enumerate(b) if d != "0"]
+    alts += [f"{b[:j]}0*" for j in range(1, len(b) + 1)] + ["0+"]
+    return "(?:" + "|".join(alts) + ")"
+
+
+def _nonneg_at_least(low) -> str:
+    whole, fraction = _split(low)
+    alts = [int_range(whole + 1, None) + _ANY_FRACTION]
+    alts.append(f"{whole}{_ANY_FRACTION}" if not fraction else rf"{whole}\.{_fraction_at_least(fraction)}")
+    return "(?:" + "|".join(alts) + ")"
+
+
+def _nonneg_at_most(high) -> str:
+    whole, fraction = _split(high)
+    alts = [int_range(0, whole - 1) + _ANY_FRACTION] if whole >= 1 else []
+    alts.append(rf"{whole}(?:\.0+)?" if not fraction else rf"{whole}(?:\.{_fraction_at_most(fraction)})?")
+    return "(?:" + "|".join(alts) + ")"
+
+
+def decimal_at_least(low) -> str:
+    """Regex for plain decimal texts (``-?(0|[1-9][0-9]*)(\\.[0-9]+)?``) whose exact value is >= ``low`` (a
+    Decimal). The texts "-0", "-0.0", ... may match: callers remove them."""
+    if low >= 0:
+        return _nonneg_at_least(low)
+    return f"(?:{_NONNEG}|-{_nonneg_at_most(-low)})"
+
+
+def decimal_at_most(high) -> str:
+    """Regex for plain decimal texts whose exact value is <= ``high`` (a Decimal); see `decimal_at_least`."""
+    if high >= 0:
+        return f"(?:-{_NONNEG}|{_nonneg_at_most(high)})"
+    return f"-{_nonneg_at_least(-high)}"

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from specjax.grammar import _charsets as cs
+from specjax.grammar import _deadline
 from specjax.grammar import _json_conditions as conditions
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar._ebnf_productive import productive
+from specjax.grammar._json_merge import merge
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
-from specjax.grammar._json_schema_types import NUMBER_REGEX, TypeEmitter
+from specjax.grammar._json_schema_types import TypeEmitter
+from specjax.grammar._json_text import NUMBER_REGEX
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 
@@ -102,6 +105,7 @@ class _Compiler:
             raise SchemaError("$schema", "#", "draft-03 is not supported (drafts 4, 6, 7, 2019-09, 2020-12 are)")
         self.rules: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.suffix: dict[str, int] = {}
         self.depth = 0
         ws = options.whitespace == "flexible"
         n = options.max_whitespace
@@ -118,9 +122,12 @@ class _Compiler:
         if self.ws_terminal:
             lines.append(self.ws_terminal)
         text = "\n".join(lines) + "\n"
-        if self.has_refs and "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
-            raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
-                                                "references (empty language)")
+        if "start" not in productive({"start": lines[0][len("start:"):], **self.rules}):
+            if self.has_refs:
+                raise EmptySchemaError("$ref", "#", "every instance would have to recurse forever through required "
+                                                    "references (empty language)")
+            raise EmptySchemaError("allOf", "#", "the case analysis of not/if/oneOf closed a cycle without a value "
+                                                 "(empty grammar); not compiled")
         return text
 
     def rule(self, node, path: str, key: str | None = None) -> str:
@@ -132,6 +139,7 @@ class _Compiler:
         key = path if key is None else key
         if key in self.names:
             return self.names[key]
+        _deadline.check()  # a caller's compile time limit (GrammarSpec wraps the front-end in it)
         if self.depth > _MAX_NESTING:
             raise SchemaError("$ref", path, f"schema nesting deeper than {_MAX_NESTING} (a recursion through "
                                             "allOf/$ref merging that never repeats itself?)")
@@ -162,9 +170,12 @@ class _Compiler:
     def _new_name(self, path: str) -> str:
         base = "s_" + re.sub(r"[^a-z0-9]+", "_", path.lower()).strip("_")
         base = base if base != "s_" else "s_root"
-        name, k = base, 1
+        k = self.suffix.get(base, 0)  # the next suffix to try: a scan from 1 made long rule chains quadratic
+        name = base if k == 0 else f"{base}_{k}"
         while name in self.rules:
-            name, k = f"{base}_{k}", k + 1
+            k += 1
+            name = f"{base}_{k}"
+        self.suffix[base] = k + 1
         return name
 
     def any_value(self) -> str:
@@ -201,9 +212,11 @@ class _Compiler:
             return self.rule(flat, path, key="merged:" + logic.canonical(flat))
         node = flat
         if "if" in node or "then" in node or "else" in node:  # by cases (see _json_conditions)
-            new = conditions.conditional(node, path, self.flatten)
+            new = conditions.conditional(node, path, self.flatten, self.draft)
             return self.rule(new, path, key="if:" + logic.canonical(new))
-        if (new := conditions.split_not(node, path, self.flatten)) is not None:
+        if (new := conditions.split_dependencies(node, path, self.draft)) is not None:
+            return self.rule(new, path, key="deps:" + logic.canonical(new))
+        if (new := conditions.split_not(node, path, self.flatten, self.draft)) is not None:
             return self.rule(new, path, key="not:" + logic.canonical(new))
         for kw in ("anyOf", "oneOf"):
             if kw in node:
@@ -235,7 +248,7 @@ class _Compiler:
                     raise EmptySchemaError("allOf", f"{path}/allOf/{i}", "a false branch matches nothing "
                                                                          "(empty language)")
                 flat, _ = self.flatten(branch, f"{path}/allOf/{i}", depth + 1)
-                merged = logic.merge(merged, flat, path)
+                merged = merge(merged, flat, path)
             return self.flatten(merged, path, depth + 1) if "allOf" in merged or "$ref" in merged else (merged, path)
         return node, path
 
@@ -269,7 +282,8 @@ class _Compiler:
                 out.append(flats[i])
                 continue
             try:
-                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten) for j in overlap]
+                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten, draft=self.draft)
+                        for j in overlap]
             except SchemaError as e:
                 raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
                                                  f"the complement of a branch is not compiled ({e.why})") from None
@@ -290,9 +304,10 @@ class _Compiler:
         if not isinstance(branches, list) or not branches:
             raise SchemaError(kw, path, "must be a non-empty array of schemas")
         rest = {k: v for k, v in node.items() if k != kw and k not in logic.ANNOTATIONS}
-        other = "oneOf" if kw == "anyOf" else "anyOf"
-        if other in rest:
-            raise SchemaError(other, path, "anyOf and oneOf in one schema are not supported")
+        derived = kw == "anyOf" and "oneOf" in rest
+        if derived:  # anyOf [A...] and oneOf B: anyOf [allOf [A, oneOf B]...], each its own (derived) schema
+            one = {"oneOf": rest.pop("oneOf")}
+            branches = [{"allOf": [b, one]} for b in branches]
         flats, names = [], []
         for i, branch in enumerate(branches):
             bpath = f"{path}/{kw}/{i}"
@@ -302,8 +317,8 @@ class _Compiler:
                 continue  # a false branch contributes nothing to a union
             try:
                 flat, fpath = self.flatten(branch, bpath)
-                if rest:  # siblings distribute into each branch: a derived schema, memoized by content
-                    merged = logic.merge(rest, flat, bpath)
+                if rest or derived:  # siblings distribute into each branch: a derived schema, memoized by content
+                    merged = merge(rest, flat, bpath) if rest else flat
                     flats.append((merged, bpath, "merged:" + logic.canonical(merged), flat))
                 else:
                     flats.append((flat, fpath, fpath, flat))

@@ -8,8 +8,8 @@ front-end generates therefore matches under both engines.
 
 Supported: literals, classes (incl. negated, \\d \\w \\s \\D \\W \\S), `.`, groups (capturing,
 non-capturing, named), alternation, greedy and lazy quantifiers (same language), `^` at the start
-and `$` at the end (of the pattern or of each top-level alternative). Refused with `RegexError`
-naming the construct and its 1-based column: lookaround, backreferences, conditionals, atomic
+and `$` at the end (of the pattern or of each alternative, also inside groups: `_regex_anchors`).
+Refused with `RegexError` naming the construct and its 1-based column: lookaround, backreferences, conditionals, atomic
 groups, possessive quantifiers, inline flags, word boundaries, \\A \\Z, anchors elsewhere, empty
 classes and syntax errors.
 """
@@ -23,6 +23,7 @@ from re import _parser as sre_parse
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar._counted import MAX_POSITIONS, positions
+from specjax.grammar._regex_anchors import alternatives
 
 __all__ = ["RegexError", "class_repeat", "regex_to_lark", "translate", "width"]
 
@@ -106,24 +107,6 @@ def _check_size(pattern: str, tree) -> None:
         raise RegexError(f"regex {shown!r}: counted repetitions unroll to {size:,} character positions (limit "
                          f"{MAX_POSITIONS:,}): an automaton counts with one state per position; use smaller counts, "
                          "or an unbounded repetition (*, +) where the exact count does not matter")
-
-
-def _strip_anchors(items: list) -> tuple[bool, list, bool]:
-    """(anchored at start, body, anchored at end); anchors anywhere else are refused later.
-
-    Looks through one enclosing group: `(^a+$)` is anchored like `^a+$`.
-    """
-    start = end = False
-    while items and items[0] == (C.AT, C.AT_BEGINNING):
-        items, start = items[1:], True
-    while items and items[-1] == (C.AT, C.AT_END):
-        items, end = items[:-1], True
-    if len(items) == 1 and items[0][0] is C.SUBPATTERN and not items[0][1][1] and not items[0][1][2]:
-        inner = list(items[0][1][3])
-        if inner and (inner[0] == (C.AT, C.AT_BEGINNING) or inner[-1] == (C.AT, C.AT_END)):
-            s, body, e = _strip_anchors(inner)
-            return start or s, body, end or e
-    return start, list(items), end
 
 
 # ----------------------------------------------------------------------------------------------- emitting
@@ -227,12 +210,8 @@ def _is_atom(text: str) -> bool:
 
 
 def _alternatives(pattern: str, tree) -> list[tuple[bool, list, bool]]:
-    """Top-level alternatives as (anchored start, body, anchored end): `^a$|^b$` has two."""
-    start, body, end = _strip_anchors(list(tree))
-    if len(body) == 1 and body[0][0] is C.BRANCH:  # re's parser moves a common `^` out of the branches
-        alts = [_strip_anchors(list(alt)) for alt in body[0][1][1]]
-        return [(start or s, b, end or e) for s, b, e in alts]
-    return [(start, body, end)]
+    """Top-level alternatives as (anchored start, body, anchored end) (see `_regex_anchors`)."""
+    return alternatives(tree)
 
 
 def translate(pattern: str, render: ClassRender = cs.class_text, search: bool = False) -> str:

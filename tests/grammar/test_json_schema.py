@@ -225,14 +225,14 @@ def test_draft_detection_matches_jsonschema():
 
 
 @pytest.mark.parametrize(("schema", "keyword", "path", "why"), [
-    ({"oneOf": [{"type": "integer"}, {"minimum": 3}]}, "oneOf", "#", "branches 0 and 1 may both match"),
-    ({"type": "string", "format": "ipv6"}, "format", "#", "format 'ipv6' has no exact grammar"),
+    ({"oneOf": [{"type": "string"}, {"pattern": "a"}]}, "oneOf", "#", "branches 0 and 1 may both match"),
+    ({"type": "string", "format": "duration"}, "format", "#", "format 'duration' has no exact grammar"),
     ({"type": "string", "pattern": "a(?=b)"}, "pattern", "#", "lookaround at column 2"),
     ({"items": {"$ref": "other.json#/x"}}, "$ref", "#/items", "only local JSON-pointer references"),
     ({"$ref": "#/$defs/missing"}, "$ref", "#", "does not exist"),
     ({"type": "string", "format": "email", "maxLength": 255}, "maxLength", "#", "more than 10000 automaton states"),
-    ({"type": "integer", "multipleOf": 3}, "multipleOf", "#", "only multipleOf 1"),
-    ({"type": "number", "minimum": 0.5}, "minimum", "#", "integer bounds"),
+    ({"type": "number", "multipleOf": 0.1}, "multipleOf", "#", "validators divide in floating point"),
+    ({"type": "number", "minimum": 2.0**60}, "minimum", "#", "bounds beyond 2**53"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems", "#", "finite item domain"),
     ({"$schema": "http://json-schema.org/draft-03/schema#"}, "$schema", "#", "draft-03 is not supported"),
     ({"type": "array", "items": [{}]}, "items", "#", "prefixItems"),
@@ -244,13 +244,11 @@ def test_draft_detection_matches_jsonschema():
     ({"type": "string", "enum": [1, 2]}, "enum", "#", "no listed value"),
     ({"type": "object", "minProperties": 3}, "minProperties", "#", "cannot keep extra keys distinct"),
     ({"$schema": D7, "dependencies": {"a": ["b"]}}, "dependencies", "#", "only an extra key can be"),
-    ({"$schema": D7, "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "dependencies",
-     "#/dependencies/a", "schema-valued dependency"),
     ({"$schema": "http://json-schema.org/draft-07/schema#", "exclusiveMinimum": True}, "exclusiveMinimum", "#",
      "boolean is draft 4 syntax"),
     ({"type": "bool"}, "type", "#", "unknown type 'bool'"),
     ({"enum": [{"a": 1}], "properties": {}}, "properties", "#", "cannot be combined with enum"),
-    ({"enum": ["x"], "format": "ipv6"}, "format", "#", "cannot be combined with enum"),
+    ({"enum": ["x"], "format": "duration"}, "format", "#", "cannot be combined with enum"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "type", "#", "empty language"),
     ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, "$ref", "#",
      "recurse forever"),
@@ -268,7 +266,7 @@ def test_bad_options_are_refused():
         JsonSchemaOptions(whitespace="pretty")
     with pytest.raises(ValueError, match="unknown_formats must be"):
         JsonSchemaOptions(unknown_formats="drop")
-    ignored = json_schema_to_lark({"type": "string", "format": "ipv6"}, JsonSchemaOptions(unknown_formats="ignore"))
+    ignored = json_schema_to_lark({"type": "string", "format": "duration"}, JsonSchemaOptions(unknown_formats="ignore"))
     assert _parses(_parser(ignored), '"not a host name!"')
 
 

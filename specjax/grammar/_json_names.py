@@ -1,0 +1,73 @@
+"""propertyNames of the JSON Schema compiler: the key language it allows, applied to extra keys.
+
+A listed property whose name ``propertyNames`` refuses can only be absent (``ObjectEmitter._named_members``).
+Extra keys ("any other key", or a patternProperties region) are intersected with the key language here: a
+``pattern``, a ``format``, length bounds or an ``enum``/``const`` of strings, all over the decoded characters of
+the key, as validators read them. Any other key constraint is refused, naming the option that avoids it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specjax.grammar import _charsets as cs
+from specjax.grammar import _json_schema_logic as logic
+from specjax.grammar import regex as rx
+from specjax.grammar._json_formats import FORMATS, SPEC_FORMATS
+from specjax.grammar._json_schema_logic import SchemaError
+
+_KEY_KEYWORDS = frozenset({"type", "pattern", "minLength", "maxLength", "format", "enum", "const"})
+
+
+@dataclass(frozen=True)
+class KeyFilter:
+    """The keys propertyNames allows: full-match regexes over decoded characters, with lo <= length <= hi."""
+
+    regexes: tuple[str, ...] = ()
+    lo: int = 0
+    hi: int | None = None
+
+
+NO_KEYS = KeyFilter((), 1, 0)
+
+
+def literal_regex(text: str) -> str:
+    """A regex (over decoded characters) matching exactly ``text``."""
+    return "".join(cs.class_text(cs.of_chars(ch)) for ch in text) or "(?:)"
+
+
+def key_filter(compiler, names, path: str) -> KeyFilter | None:
+    """The filter of a (flattened) propertyNames schema; None when it allows every key."""
+    if names is True or names == {}:
+        return None
+    if names is False:
+        return NO_KEYS
+    where = f"{path}/propertyNames"
+    other = {k for k in names if k not in logic.ANNOTATIONS and (k in logic.SUPPORTED or k in logic.REFUSED)}
+    if other - _KEY_KEYWORDS:
+        raise SchemaError("propertyNames", path, f"the key constraint {sorted(other - _KEY_KEYWORDS)[0]!r} is not "
+                                                 "compiled for extra keys (pass strict_objects, or set "
+                                                 "additionalProperties false)")
+    if "string" not in logic.type_set(names, where):
+        return NO_KEYS
+    if "enum" in names or "const" in names:
+        values = names["enum"] if "enum" in names else [names["const"]]
+        keys = [v for v in values if isinstance(v, str) and logic.value_ok(v, {**names, "type": "string"}, where)]
+        return KeyFilter(("|".join(f"(?:{literal_regex(k)})" for k in keys),)) if keys else NO_KEYS
+    regexes = []
+    if "pattern" in names:
+        try:
+            regexes.append(rx.translate(names["pattern"], cs.class_text, search=True))
+        except rx.RegexError as e:
+            raise SchemaError("propertyNames", where, str(e)) from None
+    fmt = names.get("format")
+    if fmt in FORMATS:
+        regexes.append(FORMATS[fmt])
+    elif fmt in SPEC_FORMATS and compiler.options.unknown_formats == "refuse":
+        raise SchemaError("propertyNames", where, f"format {fmt!r} has no exact grammar; pass "
+                                                  "unknown_formats='ignore' or strict_objects")
+    lo, hi = names.get("minLength", 0), names.get("maxLength")
+    for kw, v in (("minLength", lo), ("maxLength", hi)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise SchemaError(kw, where, f"must be a non-negative integer, got {v!r}")
+    return KeyFilter(tuple(regexes), lo, hi)

@@ -221,9 +221,9 @@ def _cli_worker(out_dir: Path) -> dict:
     specjax.models.loading.load_model = load_model
     prompts = out_dir / f"prompts-{os.getpid()}.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    code = run(DecodeOptions(prompts_file=str(prompts), batch_size=8, max_new_tokens=16, mesh_data=4, mesh_model=2,
-                             distributed=True, spec="ngram", spec_k=3, compare_plain=False, quiet=True,
-                             output=str(out_dir / "out.jsonl")))
+    code = run(DecodeOptions.from_flat(
+        prompts_file=str(prompts), batch_size=8, max_new_tokens=16, mesh_data=4, mesh_model=2, distributed=True,
+        spec="ngram", spec_k=3, compare_plain=False, quiet=True, output=str(out_dir / "out.jsonl")))
     ref = Generator(built[0], ByteTokenizer()).generate(PROMPTS, GenerateConfig(max_new_tokens=16, batch_size=8))[0]
     return {"exit_code": code, "one_device": [c.tokens for c in ref]}
 

@@ -59,7 +59,8 @@ def generate_config(opts: DecodeOptions) -> GenerateConfig:
     sampling = SamplingConfig(temperature=float(opts.temperature), top_k=opts.top_k, top_p=float(opts.top_p),
                               seed=opts.seed)
     return GenerateConfig(max_new_tokens=opts.max_new_tokens, sampling=sampling, stop=tuple(opts.stop),
-                          batch_size=opts.batch_size, chat=opts.chat, grammar=grammar_spec(opts))
+                          batch_size=opts.batch_size, chat=opts.chat, grammar=grammar_spec(opts),
+                          close_grammar=opts.grammar_close)
 
 
 SPEC_METHODS = ("none", *METHODS)  # the registry's, plus plain decoding

@@ -8,7 +8,13 @@ each row's grammar state. The loops call three things per token, all pure and ji
 * :func:`step` after a token is emitted: the row's new state, and whether the row is *complete* — its
   state allows EOS and nothing else, so the only continuation is to stop (the row finishes there);
 * :func:`draft_states` in speculative rounds: the state each draft position (chain) or tree node reaches
-  from the row's state, so verification can mask the target's logits at every position.
+  from the row's state, so verification can mask the target's logits at every position;
+* :func:`close` / :func:`close_block` (when the batch closes its sentences, the default): a token that
+  would leave the row unable to finish within ``max_new_tokens`` is replaced by the first token of the
+  state's shortest completion (`specjax.grammar.closing`), so a constrained row ends complete, never cut.
+  The check runs on the token already chosen, so before the budget binds nothing changes; greedy
+  speculation stays identical to plain decoding, and sampling keeps its law (the replacement is a fixed
+  function of the state, the token and the tokens left, applied to what plain decoding would emit).
 
 Compiling a new program per grammar would cost seconds per schema, so :func:`prepare` pads the tables
 to power-of-two sizes and clears their static metadata: grammars of similar size share one program.
@@ -22,9 +28,10 @@ import numpy as np
 from flax import struct
 
 from specjax.decode.shapes import bucket
+from specjax.grammar.closing import UNREACHABLE, byte_tokens, closing_tables
 from specjax.grammar.runtime import GrammarTables, advance, allowed, mask_logits, stack_grammars
 
-__all__ = ["BatchGrammar", "draft_states", "mask", "prepare", "step"]
+__all__ = ["BatchGrammar", "close", "close_block", "draft_states", "mask", "prepare", "step"]
 
 
 @struct.dataclass
@@ -35,11 +42,15 @@ class BatchGrammar:
       tables: stacked, padded tables (state 0 dead; padding states are dead too).
       complete_s: bool [S] the state accepts and allows no text token: only EOS may follow.
       state_b: int32 [B] each row's state before its first generated token (0 for padding rows).
+      dist_s, close_s: int32 [S] single-byte tokens to the nearest accepting state and the token starting
+        that way (`grammar.closing`), or None when rows are not closed within the budget.
     """
 
     tables: GrammarTables
     complete_s: jax.Array
     state_b: jax.Array
+    dist_s: jax.Array | None = None
+    close_s: jax.Array | None = None
 
 
 def _complete_states(tables: GrammarTables) -> np.ndarray:
@@ -53,13 +64,14 @@ def _complete_states(tables: GrammarTables) -> np.ndarray:
     return np.asarray(tables.accept_s) & ~row_has_text_r[np.asarray(tables.row_s)]
 
 
-def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int) -> BatchGrammar:
+def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True) -> BatchGrammar:
     """Stacks the grammars a batch uses and pads them to bucketed sizes.
 
     Args:
       grammars: compiled tables (same vocabulary).
       row_grammar: for each real row, the index of its grammar in `grammars`.
       batch: rows of the program (rows past len(row_grammar) are padding: dead state).
+      close: also compute the closing tables (`close`), so rows end complete within their budget.
 
     Returns:
       The batch's grammar argument; equal bucket sizes give equal shapes, hence one compiled program.
@@ -77,7 +89,14 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int) -
         initial_state=1, raw_states=0, truncated=False)
     state_b = np.zeros((batch,), np.int32)
     state_b[:len(row_grammar)] = [initial[g] for g in row_grammar]
-    return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b))
+    dist_s = close_s = None
+    if close:
+        dist, closer = closing_tables(np.asarray(stacked.trans_sb), np.asarray(stacked.accept_s), byte_tokens(
+            np.asarray(stacked.bytes_vl), np.asarray(stacked.length_v), np.asarray(stacked.kind_v)))
+        dist_s = jnp.asarray(np.pad(dist, (0, s_pad), constant_values=UNREACHABLE))
+        close_s = jnp.asarray(np.pad(closer, (0, s_pad), constant_values=-1))
+    return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b),
+                        dist_s=dist_s, close_s=close_s)
 
 
 def mask(grammar: BatchGrammar, state_b: jax.Array, logits_bv: jax.Array) -> jax.Array:
@@ -132,3 +151,58 @@ def draft_states(grammar: BatchGrammar, state_b: jax.Array, tokens_bk: jax.Array
         ok_bk = state_bt[:, 1:] != 0
         len_b = jnp.sum(jnp.cumprod(ok_bk.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
     return state_bt, len_b
+
+
+def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...]):
+    """(late_b, forced_b, new_b): whether tok_b leaves a row unable to end within room_b more tokens, the
+    token that starts its state's shortest completion instead, and the state tok_b leads to."""
+    new_b = advance(grammar.tables, state_b, tok_b)
+    # Tokens the row needs after tok_b: none once only EOS may follow (the row stops there), else the bytes
+    # to an accepting state plus the EOS that ends it.
+    need_b = jnp.where(grammar.complete_s[new_b], 0, grammar.dist_s[new_b] + (1 if eos_ids else 0))
+    is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(tok_b, bool)
+    closer_b = grammar.close_s[state_b]
+    forced_b = jnp.where(closer_b >= 0, closer_b, eos_ids[0] if eos_ids else tok_b)
+    late_b = (need_b > room_b) & ~is_eos & (grammar.dist_s[state_b] < UNREACHABLE) & (forced_b != tok_b)
+    return late_b, forced_b, new_b
+
+
+def close(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...]):
+    """tok_b, with a row's token replaced by its state's closing token where it would not end in time.
+
+    Args:
+      state_b: each row's state before tok_b; tok_b: the chosen tokens.
+      room_b: tokens each row may still emit after tok_b (max_new_tokens - emitted - 1).
+      eos_ids: the static EOS ids (the first one ends a row whose sentence is complete).
+    """
+    if grammar.dist_s is None:
+        return tok_b
+    late_b, forced_b, _ = _late(grammar, state_b, tok_b, room_b, eos_ids)
+    return jnp.where(late_b, forced_b, tok_b)
+
+
+def close_block(grammar: BatchGrammar, state_b, tokens_bt, accepted_b, room_b, eos_ids: tuple[int, ...]):
+    """A verified round's emission, closed: (tokens_bt, accepted_b) cut at the first late token.
+
+    Position i <= accepted_b of tokens_bt is what plain decoding would emit as the row's next tokens (the
+    accepted draft, then the correction / bonus token). The first of them that `close` would replace
+    becomes the round's correction token: it is replaced, and the draft tokens after it are rejected
+    (their cache slots are rewritten later, as after any rejection).
+
+    Args:
+      state_b: each row's state before the round; room_b: tokens it may emit after the round's first.
+    """
+    if grammar.dist_s is None:
+        return tokens_bt, accepted_b
+    t = tokens_bt.shape[1]
+    cut_b = jnp.full_like(accepted_b, t)
+    forced_at_b = tokens_bt[:, 0]
+    for i in range(t):
+        late_b, forced_b, state_b = _late(grammar, state_b, tokens_bt[:, i], room_b - i, eos_ids)
+        first_b = late_b & (i <= accepted_b) & (cut_b == t)
+        cut_b = jnp.where(first_b, i, cut_b)
+        forced_at_b = jnp.where(first_b, forced_b, forced_at_b)
+    hit_b = cut_b < t
+    col_bt = jnp.arange(t)[None, :] == cut_b[:, None]
+    tokens_bt = jnp.where(col_bt & hit_b[:, None], forced_at_b[:, None], tokens_bt)
+    return tokens_bt, jnp.where(hit_b, cut_b, accepted_b).astype(accepted_b.dtype)

@@ -49,6 +49,10 @@ class GenerateConfig:
         spec per prompt (a tuple as long as the prompt list; rows of a batch may differ). A row ends
         with finish_reason "grammar" once its text is a complete sentence that nothing can extend
         (the grammar allows only EOS), with "eos" when the model chose EOS where the grammar allowed it.
+      close_grammar: with a grammar, make every row end complete within max_new_tokens: a token after which
+        the row could no longer reach a complete sentence in the tokens left is replaced by the first token
+        of the shortest completion (`constrain.close`). Output differs from unclosed decoding only in the
+        last tokens of a row that would otherwise be cut; False keeps the cut (finish_reason "length").
     """
 
     max_new_tokens: int = 128
@@ -58,6 +62,7 @@ class GenerateConfig:
     chat: bool = False
     ignore_eos: bool = False
     grammar: GrammarSpec | tuple[GrammarSpec, ...] | None = None
+    close_grammar: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -202,12 +207,13 @@ class Generator:
             self._grammars[spec] = tables
         return self._grammars[spec]
 
-    def _batch_grammar(self, specs: list[GrammarSpec] | None, batch: int):
+    def _batch_grammar(self, specs: list[GrammarSpec] | None, batch: int, close: bool):
         """The program's grammar argument for one chunk's row specs (None: unconstrained)."""
         if specs is None:
             return None
         distinct = list(dict.fromkeys(specs))
-        return constrain.prepare([self._grammars[g] for g in distinct], [distinct.index(g) for g in specs], batch)
+        return constrain.prepare([self._grammars[g] for g in distinct], [distinct.index(g) for g in specs], batch,
+                                 close)
 
     def _take_cache(self, batch: int, slots: int):
         c = self._cache
@@ -298,9 +304,10 @@ class Generator:
                   "profile": self.profile}
         # The chunk starts at prompt `seed_offset` (its seeds are offset by its position too).
         specs = cfg.row_grammars(seed_offset + len(chunk))
-        grammar = self._batch_grammar(None if specs is None else specs[seed_offset:], b)
+        grammar = self._batch_grammar(None if specs is None else specs[seed_offset:], b, cfg.close_grammar)
         key = (b, t, *static.values(), None if stops is None else stops.next_state.shape,
-               None if grammar is None else (grammar.tables.trans_sb.shape, grammar.tables.mask_rw.shape))
+               None if grammar is None else (grammar.tables.trans_sb.shape, grammar.tables.mask_rw.shape,
+                                             grammar.dist_s is None))
         cache = self._take_cache(b, t + n_out + extra_slots)
         inputs = BatchInputs(prompt_bt=jnp.asarray(prompt_bt), len_b=jnp.asarray(len_b), active_b=jnp.asarray(active_b),
                              max_new=jnp.int32(cfg.max_new_tokens), key=jax.random.key(s.seed + seed_offset),

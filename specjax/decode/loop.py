@@ -119,6 +119,12 @@ def emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, gramma
     return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b, stop_bn=stop_bn)
 
 
+def closed(grammar, gram_b, tok_b, room_b, eos_ids):
+    """tok_b, closed within the budget when the batch has a grammar that closes (`constrain.close`);
+    room_b: tokens each row may emit after tok_b."""
+    return tok_b if grammar is None else constrain.close(grammar, gram_b, tok_b, room_b, eos_ids)
+
+
 def next_tokens(model, hidden_b1d, live, key, sampling, temperature, top_p, grammar=None, gram_b=None):
     """One token per row from the final hidden states [B, 1, D] (masked by the grammar if any).
 
@@ -225,6 +231,7 @@ def generate_program(
         key, sub = jax.random.split(s.key)
         tok_b = next_tokens(model, s.hidden_b1d, profile.live(s.steps), sub, sampling, temperature, top_p, grammar,
                             s.gram_b)
+        tok_b = closed(grammar, s.gram_b, tok_b, max_new - s.count_b - 1, eos_ids)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
         if CLOCK.enabled():

@@ -128,6 +128,7 @@ class DecodeOptions:
     grammar_max_states: int = _GRAMMAR["max_states"]
     grammar_timeout: float | None = _GRAMMAR["timeout"]
     grammar_max_ignore: int | None = _GRAMMAR["max_ignore"]
+    grammar_close: bool = _GEN.close_grammar  # end every constrained row complete within max_new_tokens
 
     @classmethod
     def from_flat(cls, **flat: Any) -> DecodeOptions:

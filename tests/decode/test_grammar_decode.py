@@ -291,3 +291,7 @@ def test_cli_options_make_the_spec(tmp_path):
                                       json_max_repeat=None))
     assert (spec.strict_objects, spec.unknown_formats, spec.max_states, spec.timeout, spec.max_ignore,
             spec.max_repeat) == (False, "ignore", 999, 2.5, 4, None)
+    from specjax.decode.cli import generate_config
+
+    assert generate_config(DecodeOptions(json_schema=str(path))).close_grammar
+    assert not generate_config(DecodeOptions(json_schema=str(path), grammar_close=False)).close_grammar

@@ -1,6 +1,6 @@
 """Constrained generation with the real Gemma 3 270M: JSONSchemaBench schemas validate with `jsonschema`,
-Lark outputs parse with lark. Rows cut by the length limit are not complete instances: they are counted
-apart and must stay rare, never counted as valid."""
+Lark outputs parse with lark. Rows close within their token budget (`GenerateConfig.close_grammar`, the
+default), so none may end cut by the length limit: a cut row would not be a complete instance."""
 
 import json
 import random
@@ -80,8 +80,8 @@ def gen(real_model, real_tokenizer):
 
 def test_default_sample_of_schemas_validates(gen):
     valid, cut, _ = run_schemas(gen, schemas(DEFAULT_IDS))  # every finished output validated in there
-    # o79654 is {"value": <any integer>}: greedy Gemma may write digits up to the limit (a cut row, not valid).
-    assert valid + len(cut) == len(DEFAULT_IDS) and valid >= len(DEFAULT_IDS) - 1, cut
+    # o79654 is {"value": <any integer>}: greedy Gemma writes digits until the budget closes the object.
+    assert valid == len(DEFAULT_IDS) and not cut, cut
 
 
 # Slow: real-model generation twice. Compiling the grammar no longer blows up (factored alternatives, see
@@ -110,7 +110,9 @@ def test_many_schemas_validate(gen, temperature):
                                   sampling=SamplingConfig(temperature=temperature, seed=1))
     print(f"{valid} valid, {len(cut)} cut by the length limit: {cut}")
     tails = [c.text[-60:] for c in out if c.finish_reason == "length"]  # what a cut row was looping on
-    assert valid > 0 and len(cut) <= len(out) // 4, tails
+    # Greedy base Gemma loops inside free-form strings and digit runs in about a third of these rows: they
+    # end, valid, because the budget closes them (before closing, 11 of 33 were cut at 256 tokens).
+    assert valid == len(out) and not cut, tails
 
 
 @pytest.mark.slow

@@ -52,17 +52,23 @@ PPL_TEXT = (  # a fixed text for perplexity (public-domain style prose and code)
 )
 
 
-def continuation(model, tok, prompt: str, n: int) -> list[int]:
-    """n greedy tokens (the decode loop, EOS ignored)."""
+def continuations(model, tok, prompts: list[str], n: int) -> list[list[int]]:
+    """n greedy tokens per prompt (the decode loop, EOS ignored), all prompts in one batch: one program."""
     from specjax.decode.generate import GenerateConfig, Generator
 
-    comps, _ = Generator(model, tok).generate([prompt], GenerateConfig(max_new_tokens=n, ignore_eos=True))
-    return comps[0].tokens
+    comps, _ = Generator(model, tok).generate(prompts, GenerateConfig(max_new_tokens=n, ignore_eos=True,
+                                                                      batch_size=len(prompts)))
+    return [c.tokens for c in comps]
 
 
-def teacher_forced(model, ids: list[int], first: int) -> np.ndarray:
-    """Logits predicting ids[first:] from the same prefix (one uncached forward)."""
-    return np.asarray(full_logits(model, jnp.asarray([ids], jnp.int32))[0, first - 1:-1])
+def teacher_forced(model, seqs: list[list[int]], firsts: list[int]) -> list[np.ndarray]:
+    """Per sequence, the logits predicting seq[first:] from the same prefix: one uncached forward of the
+    right-padded batch (causal, so the padding after a sequence changes none of its logits)."""
+    tokens = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+    for i, seq in enumerate(seqs):
+        tokens[i, :len(seq)] = seq
+    lg = np.asarray(full_logits(model, jnp.asarray(tokens)))
+    return [lg[i, first - 1:len(seq) - 1] for i, (seq, first) in enumerate(zip(seqs, firsts, strict=True))]
 
 
 def perplexity(model, ids: list[int]) -> float:
@@ -76,18 +82,19 @@ def compare_formats(load, formats, n_tokens: int, report) -> dict:
     max |Δlogit| with both models reading float32's continuation (the same inputs); perplexities."""
     ref, tok = load("float32")
     prompts = [tok.encode(p) for p in PROMPTS]
-    base = [continuation(ref, tok, p, n_tokens) for p in PROMPTS]
+    firsts = [len(p) for p in prompts]
+    base = continuations(ref, tok, PROMPTS, n_tokens)
     seqs = [p + b for p, b in zip(prompts, base, strict=True)]
-    base_lg = [teacher_forced(ref, s, len(p)) for s, p in zip(seqs, prompts, strict=True)]
+    base_lg = teacher_forced(ref, seqs, firsts)
     ppl_ids = tok.encode(PPL_TEXT)
     results = {"float32": {"ppl": perplexity(ref, ppl_ids)}}
     for fmt in formats:
         model = load(fmt)[0]
-        div, err = [], []
-        for text, p, want, s, want_lg in zip(PROMPTS, prompts, base, seqs, base_lg, strict=True):
-            got = continuation(model, tok, text, n_tokens)
-            div.append(next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None))
-            err.append(float(np.abs(teacher_forced(model, s, len(p)) - want_lg).max()))
+        got = continuations(model, tok, PROMPTS, n_tokens)
+        div = [next((i for i, (a, b) in enumerate(zip(g, w, strict=True)) if a != b), None)
+               for g, w in zip(got, base, strict=True)]
+        err = [float(np.abs(lg - want).max())
+               for lg, want in zip(teacher_forced(model, seqs, firsts), base_lg, strict=True)]
         results[fmt] = {"first_divergence": div, "max_abs_dlogit": err, "ppl": perplexity(model, ppl_ids)}
         del model
         jax.clear_caches()  # each format's compiled programs hold their own constants and buffers

@@ -75,6 +75,7 @@ def speculative_program(
     if grammar is not None:
         first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
     first_b = sample(first_logits_bv, sub, sampling, inputs.temperature, inputs.top_p)
+    first_b = loop.closed(grammar, None if grammar is None else grammar.state_b, first_b, inputs.max_new - 1, eos_ids)
     if loop.CLOCK.enabled():
         jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 

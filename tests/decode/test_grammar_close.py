@@ -26,13 +26,10 @@ SHORTEST_JSON = 20
 
 
 @pytest.fixture(scope="module")
-def model():
-    return Transformer(tiny_config(vocab_size=TOK.vocab), rngs=nnx.Rngs(1))
-
-
-@pytest.fixture(scope="module")
-def plain(model):
-    return Generator(model, TOK)
+def gens():
+    """(plain, speculative) generators of one tiny model over the byte vocabulary."""
+    model = Transformer(tiny_config(vocab_size=TOK.vocab), rngs=nnx.Rngs(1))
+    return Generator(model, TOK), SpeculativeGenerator(model, TOK)
 
 
 GREEDY = SamplingConfig()
@@ -46,13 +43,14 @@ def config(max_new, sampling=GREEDY, close=True):
 @pytest.mark.parametrize("max_new", [SHORTEST_JSON, SHORTEST_JSON + 3, 31])
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, seed=5)],
                          ids=["greedy", "sampling"])
-def test_every_row_ends_complete_within_its_budget(plain, max_new, sampling):
-    out, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], config(max_new, sampling))
+def test_every_row_ends_complete_within_its_budget(gens, max_new, sampling):
+    out, _ = gens[0].generate((PROMPTS * 2)[:len(KINDS)], config(max_new, sampling))
     assert check_outputs(KINDS, out) == len(KINDS), [(o.text, o.finish_reason) for o in out]
     assert all(len(o.tokens) <= max_new for o in out)
 
 
-def test_without_closing_the_same_budget_cuts_rows(plain):
+def test_without_closing_the_same_budget_cuts_rows(gens):
+    plain = gens[0]
     out, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], config(SHORTEST_JSON, close=False))
     assert "length" in [o.finish_reason for o in out]  # greedy JSON rows run into the limit (see above)
     closed, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], config(SHORTEST_JSON))
@@ -62,26 +60,25 @@ def test_without_closing_the_same_budget_cuts_rows(plain):
             assert o.tokens == c.tokens
 
 
-def test_a_budget_below_the_shortest_sentence_still_ends_cut(plain):
+def test_a_budget_below_the_shortest_sentence_still_ends_cut(gens):
     cfg = GenerateConfig(max_new_tokens=6, grammar=SPECS["json"])
-    (c,), _ = plain.generate(["data: "], cfg)
+    (c,), _ = gens[0].generate(["data: "], cfg)
     assert c.finish_reason == "length" and len(c.tokens) == 6 and c.text.startswith('{"')
 
 
 @pytest.mark.parametrize("spec_cfg", [SpecConfig(k=4, adaptive=False), SpecConfig(k=6, method="lookup")],
                          ids=["chain", "tree"])
-def test_speculative_greedy_equals_plain_when_closing(plain, model, spec_cfg):
+def test_speculative_greedy_equals_plain_when_closing(gens, spec_cfg):
     cfg = config(SHORTEST_JSON + 1)
-    ref, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], cfg)
-    out, _ = SpeculativeGenerator(model, TOK).generate((PROMPTS * 2)[:len(KINDS)], cfg, spec_cfg)
+    ref, _ = gens[0].generate((PROMPTS * 2)[:len(KINDS)], cfg)
+    out, _ = gens[1].generate((PROMPTS * 2)[:len(KINDS)], cfg, spec_cfg)
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert check_outputs(KINDS, out) == len(KINDS)
 
 
-def test_speculative_sampling_rows_end_complete(model):
+def test_speculative_sampling_rows_end_complete(gens):
     cfg = config(SHORTEST_JSON + 2, SamplingConfig(temperature=1.0, seed=11))
-    out, _ = SpeculativeGenerator(model, TOK).generate((PROMPTS * 2)[:len(KINDS)], cfg, SpecConfig(k=4,
-                                                                                                    adaptive=False))
+    out, _ = gens[1].generate((PROMPTS * 2)[:len(KINDS)], cfg, SpecConfig(k=4, adaptive=False))
     assert check_outputs(KINDS, out) == len(KINDS)
 
 

@@ -6,6 +6,7 @@ equals plain greedy token for token, and `close_block` (the speculative round) e
 the same tokens one at a time (the plain loop) would.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -87,16 +88,22 @@ def json_grammar():
     return constrain.prepare([compile_spec(SPECS["json"], TOK)], [0], 1)
 
 
+# Jitted once: the in-graph functions run eagerly op by op otherwise (seconds per hypothesis example).
+_allowed, _advance = jax.jit(allowed), jax.jit(advance)
+_close = jax.jit(constrain.close, static_argnums=4)
+_close_block = jax.jit(constrain.close_block, static_argnums=5)
+
+
 def walk(grammar, rng, n):
     """n tokens a row could emit from its start: each drawn among those its state allows (no EOS)."""
     state, toks = grammar.state_b, []
     for _ in range(n):
-        ok = np.flatnonzero(np.asarray(allowed(grammar.tables, state))[0])
+        ok = np.flatnonzero(np.asarray(_allowed(grammar.tables, state))[0])
         ok = ok[ok != TOK.eos_ids[0]]
         if not len(ok):
             break
         toks.append(int(rng.choice(ok)))
-        state = advance(grammar.tables, state, jnp.asarray(toks[-1:], jnp.int32))
+        state = _advance(grammar.tables, state, jnp.asarray(toks[-1:], jnp.int32))
     return toks
 
 
@@ -105,11 +112,11 @@ def close_one_at_a_time(grammar, tokens, accepted, room):
     state, out = grammar.state_b, []
     for i, tok in enumerate(tokens[:accepted + 1]):
         t = jnp.asarray([tok], jnp.int32)
-        closed = int(constrain.close(grammar, state, t, jnp.asarray([room - i]), TOK.eos_ids)[0])
+        closed = int(_close(grammar, state, t, jnp.asarray([room - i]), TOK.eos_ids)[0])
         out.append(closed)
         if closed != tok:
             break
-        state = advance(grammar.tables, state, t)
+        state = _advance(grammar.tables, state, t)
     return out
 
 
@@ -119,8 +126,8 @@ def test_close_block_emits_what_closing_token_by_token_emits(json_grammar, seed,
     toks = walk(json_grammar, np.random.default_rng(seed), 6)
     accepted = min(accepted, len(toks) - 1)
     tokens_bt = jnp.asarray([toks + [0] * (6 - len(toks))], jnp.int32)
-    new_bt, new_acc = constrain.close_block(json_grammar, json_grammar.state_b, tokens_bt,
-                                            jnp.asarray([accepted]), jnp.asarray([room]), TOK.eos_ids)
+    new_bt, new_acc = _close_block(json_grammar, json_grammar.state_b, tokens_bt, jnp.asarray([accepted]),
+                                   jnp.asarray([room]), TOK.eos_ids)
     emitted = np.asarray(new_bt)[0, :int(new_acc[0]) + 1].tolist()
     assert emitted == close_one_at_a_time(json_grammar, toks, accepted, room)
 

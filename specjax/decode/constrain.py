@@ -168,7 +168,8 @@ def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...
 
 
 def close(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...]):
-    """tok_b, with a row's token replaced by its state's closing token where it would not end in time.
+    """(tok_b with a row's token replaced by its state's closing token where it would not end in time,
+    late_b: which rows were replaced).
 
     Args:
       state_b: each row's state before tok_b; tok_b: the chosen tokens.
@@ -176,13 +177,14 @@ def close(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...
       eos_ids: the static EOS ids (the first one ends a row whose sentence is complete).
     """
     if grammar.dist_s is None:
-        return tok_b
+        return tok_b, jnp.zeros_like(tok_b, bool)
     late_b, forced_b, _ = _late(grammar, state_b, tok_b, room_b, eos_ids)
-    return jnp.where(late_b, forced_b, tok_b)
+    return jnp.where(late_b, forced_b, tok_b), late_b
 
 
 def close_block(grammar: BatchGrammar, state_b, tokens_bt, accepted_b, room_b, eos_ids: tuple[int, ...]):
-    """A verified round's emission, closed: (tokens_bt, accepted_b) cut at the first late token.
+    """A verified round's emission, closed: (tokens_bt, accepted_b) cut at the first late token, and
+    late_b (which rows had one).
 
     Position i <= accepted_b of tokens_bt is what plain decoding would emit as the row's next tokens (the
     accepted draft, then the correction / bonus token). The first of them that `close` would replace
@@ -193,7 +195,7 @@ def close_block(grammar: BatchGrammar, state_b, tokens_bt, accepted_b, room_b, e
       state_b: each row's state before the round; room_b: tokens it may emit after the round's first.
     """
     if grammar.dist_s is None:
-        return tokens_bt, accepted_b
+        return tokens_bt, accepted_b, jnp.zeros_like(accepted_b, bool)
     t = tokens_bt.shape[1]
     cut_b = jnp.full_like(accepted_b, t)
     forced_at_b = tokens_bt[:, 0]
@@ -205,4 +207,4 @@ def close_block(grammar: BatchGrammar, state_b, tokens_bt, accepted_b, room_b, e
     hit_b = cut_b < t
     col_bt = jnp.arange(t)[None, :] == cut_b[:, None]
     tokens_bt = jnp.where(col_bt & hit_b[:, None], forced_at_b[:, None], tokens_bt)
-    return tokens_bt, jnp.where(hit_b, cut_b, accepted_b).astype(accepted_b.dtype)
+    return tokens_bt, jnp.where(hit_b, cut_b, accepted_b).astype(accepted_b.dtype), hit_b

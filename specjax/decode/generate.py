@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from specjax.models.tokenizer import Tokenizer
 
 FINISH_REASONS = {loop.REASON_LENGTH: "length", loop.REASON_EOS: "eos", loop.REASON_STOP: "stop",
-                  loop.REASON_GRAMMAR: "grammar"}
+                  loop.REASON_GRAMMAR: "grammar", loop.REASON_CLOSED: "closed"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +51,9 @@ class GenerateConfig:
         (the grammar allows only EOS), with "eos" when the model chose EOS where the grammar allowed it.
       close_grammar: with a grammar, make every row end complete within max_new_tokens: a token after which
         the row could no longer reach a complete sentence in the tokens left is replaced by the first token
-        of the shortest completion (`constrain.close`). Output differs from unclosed decoding only in the
-        last tokens of a row that would otherwise be cut; False keeps the cut (finish_reason "length").
+        of the shortest completion (`constrain.close`), and the row ends with finish_reason "closed". Output
+        differs from unclosed decoding only in the last tokens of a row that would otherwise be cut; False
+        keeps the cut (finish_reason "length").
     """
 
     max_new_tokens: int = 128
@@ -90,7 +91,9 @@ class Completion:
     prompt: str
     text: str
     tokens: list[int]
-    finish_reason: str  # "eos", "stop", "length" or "grammar" (complete, only EOS could follow)
+    # "eos", "stop", "length", "grammar" (complete, only EOS could follow) or "closed" (complete, but the token
+    # budget chose its last tokens: `GenerateConfig.close_grammar`)
+    finish_reason: str
 
 
 @dataclasses.dataclass
@@ -374,7 +377,9 @@ class Generator:
         out_bn, count_b, reason_b, _ = out
         toks = [int(x) for x in out_bn[j, :count_b[j]]]
         reason = FINISH_REASONS[int(reason_b[j])]
-        if reason == "eos":  # a "grammar" finish ends on a real token of the text
+        # A "grammar" finish ends on a real token of the text; a "closed" one on either (EOS or a sentence
+        # nothing can extend).
+        if reason == "eos" or (reason == "closed" and toks and toks[-1] in self.model.cfg.eos_ids):
             toks = toks[:-1]
         text = self.tokenizer.decode(toks)
         if reason == "stop":

@@ -23,7 +23,9 @@ from specjax.decode.sampling import SamplingConfig, sample
 from specjax.models.kv_cache import KVCache
 
 # REASON_GRAMMAR: the row's grammar reached a state where only EOS may follow (its sentence is complete).
-REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR = 0, 1, 2, 3
+# REASON_CLOSED: the row ended complete, but only because the token budget closed it (`closed`); it is set
+# when the first token is replaced and kept through the EOS / complete sentence that follows.
+REASON_LENGTH, REASON_EOS, REASON_STOP, REASON_GRAMMAR, REASON_CLOSED = 0, 1, 2, 3, 4
 
 
 @struct.dataclass(kw_only=True)
@@ -102,7 +104,8 @@ def emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, gramma
     out_bn = state.out_bn.at[jnp.arange(b), column_b].set(tok_b, mode="drop")
     count_b = state.count_b + active_b.astype(jnp.int32)
     is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(active_b)
-    reason_b = jnp.where(active_b & is_eos, REASON_EOS, state.reason_b)
+    closing_b = state.reason_b == REASON_CLOSED  # an EOS or a complete sentence then ends it as closed
+    reason_b = jnp.where(active_b & is_eos & ~closing_b, REASON_EOS, state.reason_b)
     stop_bn = state.stop_bn
     hit_b = jnp.zeros_like(active_b)
     if stop_tables is not None:
@@ -113,16 +116,26 @@ def emit(state: RowState, tok_b, active_b, max_new, eos_ids, stop_tables, gramma
     if grammar is not None:
         gram_b, complete_b = constrain.step(grammar, state.gram_b, tok_b, active_b)
         complete_b = complete_b & ~is_eos & ~hit_b
-        reason_b = jnp.where(complete_b, REASON_GRAMMAR, reason_b)
+        reason_b = jnp.where(complete_b & ~closing_b, REASON_GRAMMAR, reason_b)
         state = state.replace(gram_b=gram_b)
-    done_b = state.done_b | (active_b & (is_eos | hit_b | complete_b | (count_b >= max_new)))
+    ended_b = is_eos | hit_b | complete_b
+    reason_b = jnp.where(active_b & ~ended_b & (count_b >= max_new), REASON_LENGTH, reason_b)
+    done_b = state.done_b | (active_b & (ended_b | (count_b >= max_new)))
     return state.replace(out_bn=out_bn, count_b=count_b, done_b=done_b, reason_b=reason_b, stop_bn=stop_bn)
 
 
-def closed(grammar, gram_b, tok_b, room_b, eos_ids):
-    """tok_b, closed within the budget when the batch has a grammar that closes (`constrain.close`);
-    room_b: tokens each row may emit after tok_b."""
-    return tok_b if grammar is None else constrain.close(grammar, gram_b, tok_b, room_b, eos_ids)
+def closed(state: RowState, tok_b, max_new, eos_ids, grammar):
+    """(state, tok_b) with tok_b closed within the budget when the batch has a grammar that closes
+    (`constrain.close`); a row whose token was replaced is marked REASON_CLOSED."""
+    if grammar is None:
+        return state, tok_b
+    tok_b, late_b = constrain.close(grammar, state.gram_b, tok_b, max_new - state.count_b - 1, eos_ids)
+    return mark_closed(state, late_b), tok_b
+
+
+def mark_closed(state: RowState, late_b) -> RowState:
+    """Rows with late_b (a token replaced by `constrain.close`) will end as REASON_CLOSED."""
+    return state.replace(reason_b=jnp.where(late_b & ~state.done_b, REASON_CLOSED, state.reason_b))
 
 
 def next_tokens(model, hidden_b1d, live, key, sampling, temperature, top_p, grammar=None, gram_b=None):
@@ -231,7 +244,7 @@ def generate_program(
         key, sub = jax.random.split(s.key)
         tok_b = next_tokens(model, s.hidden_b1d, profile.live(s.steps), sub, sampling, temperature, top_p, grammar,
                             s.gram_b)
-        tok_b = closed(grammar, s.gram_b, tok_b, max_new - s.count_b - 1, eos_ids)
+        s, tok_b = closed(s, tok_b, max_new, eos_ids, grammar)
         # The callback depends on the tokens (so it fires once they exist) through a scalar: on a
         # mesh the whole [B] array would be gathered to one device (decode/mesh.py).
         if CLOCK.enabled():

@@ -55,10 +55,12 @@ def test_without_closing_the_same_budget_cuts_rows(gens):
     out, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], config(SHORTEST_JSON, close=False))
     assert "length" in [o.finish_reason for o in out]  # greedy JSON rows run into the limit (see above)
     closed, _ = plain.generate((PROMPTS * 2)[:len(KINDS)], config(SHORTEST_JSON))
-    # Closing only changes a row's last tokens: before the budget binds, both runs agree.
+    # Closing changes only the rows that would have been cut, and says so; the others are identical.
     for o, c in zip(out, closed, strict=True):
-        if o.finish_reason != "length":
-            assert o.tokens == c.tokens
+        if o.finish_reason == "length":
+            assert c.finish_reason == "closed" and c.tokens[:5] == o.tokens[:5]
+        else:
+            assert (c.tokens, c.finish_reason) == (o.tokens, o.finish_reason)
 
 
 def test_a_budget_below_the_shortest_sentence_still_ends_cut(gens):
@@ -112,7 +114,7 @@ def close_one_at_a_time(grammar, tokens, accepted, room):
     state, out = grammar.state_b, []
     for i, tok in enumerate(tokens[:accepted + 1]):
         t = jnp.asarray([tok], jnp.int32)
-        closed = int(_close(grammar, state, t, jnp.asarray([room - i]), TOK.eos_ids)[0])
+        closed = int(_close(grammar, state, t, jnp.asarray([room - i]), TOK.eos_ids)[0][0])
         out.append(closed)
         if closed != tok:
             break
@@ -126,10 +128,11 @@ def test_close_block_emits_what_closing_token_by_token_emits(json_grammar, seed,
     toks = walk(json_grammar, np.random.default_rng(seed), 6)
     accepted = min(accepted, len(toks) - 1)
     tokens_bt = jnp.asarray([toks + [0] * (6 - len(toks))], jnp.int32)
-    new_bt, new_acc = _close_block(json_grammar, json_grammar.state_b, tokens_bt, jnp.asarray([accepted]),
-                                   jnp.asarray([room]), TOK.eos_ids)
+    new_bt, new_acc, late = _close_block(json_grammar, json_grammar.state_b, tokens_bt, jnp.asarray([accepted]),
+                                         jnp.asarray([room]), TOK.eos_ids)
     emitted = np.asarray(new_bt)[0, :int(new_acc[0]) + 1].tolist()
     assert emitted == close_one_at_a_time(json_grammar, toks, accepted, room)
+    assert bool(late[0]) == (emitted != toks[:len(emitted)])
 
 
 def test_close_block_replaces_the_first_late_token(json_grammar):
@@ -138,11 +141,11 @@ def test_close_block_replaces_the_first_late_token(json_grammar):
     # The shortest instance is {"name":"bo","n":0}. After {"name":"a it is {"name":"ann","n":0}: 11 more
     # tokens with EOS, so "a" (token 9) fits if 20 tokens follow the first (20 - 9 >= 11), and so does
     # every later token.
-    same_bt, same_acc = constrain.close_block(json_grammar, json_grammar.state_b, tokens_bt, accepted_b,
-                                              jnp.asarray([20]), TOK.eos_ids)
-    assert np.asarray(same_bt)[0].tolist() == toks and int(same_acc[0]) == 13
+    same_bt, same_acc, late = constrain.close_block(json_grammar, json_grammar.state_b, tokens_bt, accepted_b,
+                                                    jnp.asarray([20]), TOK.eos_ids)
+    assert np.asarray(same_bt)[0].tolist() == toks and int(same_acc[0]) == 13 and not late[0]
     # One token less: "a" falls behind; it is replaced by a shortest way on ("bo" or "cy") and ends the round.
-    new_bt, new_acc = constrain.close_block(json_grammar, json_grammar.state_b, tokens_bt, accepted_b,
-                                            jnp.asarray([19]), TOK.eos_ids)
-    assert int(new_acc[0]) == 9 and TOK.decode(np.asarray(new_bt)[0, :10].tolist()) in ('{"name":"b',
+    new_bt, new_acc, late = constrain.close_block(json_grammar, json_grammar.state_b, tokens_bt, accepted_b,
+                                                  jnp.asarray([19]), TOK.eos_ids)
+    assert late[0] and int(new_acc[0]) == 9 and TOK.decode(np.asarray(new_bt)[0, :10].tolist()) in ('{"name":"b',
                                                                                     '{"name":"c')

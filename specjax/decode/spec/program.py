@@ -75,7 +75,9 @@ def speculative_program(
     if grammar is not None:
         first_logits_bv = constrain.mask(grammar, grammar.state_b, first_logits_bv)
     first_b = sample(first_logits_bv, sub, sampling, inputs.temperature, inputs.top_p)
-    first_b = loop.closed(grammar, None if grammar is None else grammar.state_b, first_b, inputs.max_new - 1, eos_ids)
+    first_late_b = None
+    if grammar is not None:
+        first_b, first_late_b = constrain.close(grammar, grammar.state_b, first_b, inputs.max_new - 1, eos_ids)
     if loop.CLOCK.enabled():
         jax.debug.callback(loop.CLOCK.mark, jnp.max(first_b))  # a scalar: see loop.py
 
@@ -84,13 +86,15 @@ def speculative_program(
     prefilled = Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd, first_b=first_b,
                         num_slots=cache.num_slots)
     state = initial_state(ctx, cache, prompt_bt, len_b, active_b, key, first_b, n_out,
-                          drafter.init(model, draft_params, prefilled), None if grammar is None else grammar.state_b)
+                          drafter.init(model, draft_params, prefilled), None if grammar is None else grammar.state_b,
+                          first_late_b)
     return run(ctx, state)
 
 
 def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, first_b, n_out: int, draft_state,
-                  gram_b=None) -> SpecState:
-    """The loop's carry after the prefill: the first token `first_b` committed, counters at zero.
+                  gram_b=None, first_late_b=None) -> SpecState:
+    """The loop's carry after the prefill: the first token `first_b` committed, counters at zero
+    (`first_late_b`: rows whose first token the budget closed, `constrain.close`, or None).
 
     A cheap drafter's first draft is tried once (its average starts at the bar), then the evidence
     decides; a costly drafter's first round is a probe (its average starts at 0, its streak at the gap).
@@ -117,5 +121,7 @@ def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, fir
     policy = PolicyState(accept_ema_b=jnp.full((b,), first_ema, jnp.float32),
                          plain_streak=jnp.full((), probe_every, jnp.int32),
                          probe_gap=jnp.full((), probe_every, jnp.int32), shadow=Shadow.empty(b, ctx.k))
+    if first_late_b is not None:
+        row = loop.mark_closed(row, first_late_b)
     row = commit(ctx, row, first_b[:, None], jnp.ones((b,), jnp.int32))
     return SpecState(row=row, policy=policy, counters=Counters.zeros(b, ctx.k), draft=draft_state)

@@ -227,8 +227,9 @@ def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> 
     verify = verify_chain if draft.parent_bk is None else verify_tree
     cache, accepted_b, tokens_bt, hidden_btd, reach_b, top_btr = verify(ctx, row, draft, sub, state_bt)
     if ctx.grammar is not None:  # a token that would not let the row end in time ends the round (close_block)
-        tokens_bt, accepted_b = constrain.close_block(ctx.grammar, row.gram_b, tokens_bt, accepted_b,
-                                                      ctx.max_new - row.count_b - 1, ctx.eos_ids)
+        tokens_bt, accepted_b, late_b = constrain.close_block(ctx.grammar, row.gram_b, tokens_bt, accepted_b,
+                                                              ctx.max_new - row.count_b - 1, ctx.eos_ids)
+        row = loop.mark_closed(row, late_b)
     i_k = jnp.arange(ctx.k)[None, :]
     live_b1 = live_b[:, None]
     live_i = live_b.astype(jnp.int32)
@@ -302,7 +303,7 @@ def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, sta
     key, sub = jax.random.split(row.key)
     tok_b = loop.next_tokens(ctx.model, hidden_b1d, ctx.profile.live(row.steps), sub, ctx.sampling, ctx.temperature,
                              ctx.top_p, ctx.grammar, row.gram_b)
-    tok_b = loop.closed(ctx.grammar, row.gram_b, tok_b, ctx.max_new - row.count_b - 1, ctx.eos_ids)
+    row, tok_b = loop.closed(row, tok_b, ctx.max_new, ctx.eos_ids, ctx.grammar)
     if draft is not None:
         shadow, shadow_end_b = advance_shadow(pol.shadow, draft, tok_b, live_b)
         weight = ctx.ema_weight if ctx.cheap else 1.0

@@ -31,6 +31,31 @@ _in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if _in_ci else "default"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only shard I of N of the selected tests (whole files, packed by the durations "
+                          "in .ci/slow_durations.json: tests/shards.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """--shard I/N: keeps the tests of the files packed into shard I (`tests/shards.py`)."""
+    text = config.getoption("--shard")
+    if not text:
+        return
+    import shards
+
+    try:
+        i, n = shards.parse_shard(text)
+    except shards.ShardError as e:
+        raise pytest.UsageError(str(e)) from None
+    root = Path(config.rootpath)
+    files = [Path(item.path).relative_to(root).as_posix() for item in items]
+    where = shards.assign(files, n, shards.measured())
+    kept = [item for item, f in zip(items, files, strict=True) if where[f] == i]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Frees every module's compiled programs when it ends: each maps ~900 memory regions on XLA:CPU, and a

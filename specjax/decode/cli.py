@@ -14,7 +14,7 @@ from specjax.decode.errors import GenerationError
 from specjax.decode.generate import GenerateConfig, Generator
 from specjax.decode.grammar_spec import GrammarSpec, GrammarSpecError
 from specjax.decode.options import DecodeOptions
-from specjax.decode.output import CompletionWriter
+from specjax.decode.output import CompletionWriter, SoftInterrupt
 from specjax.decode.prompts import OptionError, check_grammar_inputs, check_limit, collect_prompts
 from specjax.decode.sampling import SamplingConfig, SamplingError
 from specjax.decode.spec.drafters.registry import METHODS
@@ -99,10 +99,11 @@ def mesh_kwargs(model, mesh, progress) -> dict:
 
 
 def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool, progress, mesh=None,
-              on_batch=None):
+              on_batch=None, between_batches=None):
     """Runs plain or speculative generation; with compare_plain, also plain for the speedup.
 
-    `on_batch` receives each finished batch of the run whose completions are printed (not the comparison's).
+    `on_batch` receives each finished batch of the run whose completions are printed (not the comparison's);
+    `between_batches` is called after each batch of the comparison run (a Ctrl-C check).
     """
     from specjax.decode.spec.driver import SpeculativeGenerator
 
@@ -115,7 +116,7 @@ def _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, compare_plain: bool,
     if not compare_plain:
         return completions, stats, None
     progress("running plain decoding of the same prompts for the speedup")
-    _, plain = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress)
+    _, plain = Generator(model, tokenizer, **on_mesh).generate(prompts, gen_cfg, progress, between_batches)
     return completions, stats, plain
 
 
@@ -162,9 +163,14 @@ def run(opts: DecodeOptions) -> int:
         model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
                  f"{opts.dtype}, weights={opts.weights}")
-        with writer:
+        with writer, SoftInterrupt() as interrupt:  # Ctrl-C: stop after the batch in flight, keep what is done
+
+            def write_batch(completions):
+                writer.batch(completions)
+                interrupt.check()
+
             _, stats, plain = _generate(model, tokenizer, prompts, gen_cfg, spec_cfg, opts.compare_plain,
-                                        progress, mesh, writer.batch)
+                                        progress, mesh, write_batch, interrupt.check)
             writer.finish(stats)
     except (*USER_ERRORS, OptionError, UsageError, DistributedError) as e:
         print(f"error: {e}", file=sys.stderr)

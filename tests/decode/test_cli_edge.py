@@ -170,3 +170,18 @@ def test_ctrl_c_keeps_finished_rows_and_exits_130(tiny, tmp_path):
     assert 1 <= len(written) == int(m.group(1)) < N_INTERRUPTED
     assert [r["prompt"] for r in written] == [f"prompt {i}" for i in range(len(written))]
     assert (first + stdout).count(b"\n--- [") + 1 == len(written)
+
+
+def test_a_first_ctrl_c_is_a_flag_checked_between_batches_and_a_second_one_interrupts():
+    from specjax.decode.output import SoftInterrupt
+
+    before = signal.getsignal(signal.SIGINT)
+    with SoftInterrupt() as interrupt:
+        interrupt.check()  # nothing came yet
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this thread: no exception, a flag
+        assert interrupt.requested
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check([])
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the second one: Python runs the handler right after the call
+    assert signal.getsignal(signal.SIGINT) is before

@@ -159,11 +159,16 @@ def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...
     new_b = advance(grammar.tables, state_b, tok_b)
     # Tokens the row needs after tok_b: none once only EOS may follow (the row stops there), else the bytes
     # to an accepting state plus the EOS that ends it.
-    need_b = jnp.where(grammar.complete_s[new_b], 0, grammar.dist_s[new_b] + (1 if eos_ids else 0))
+    eos_cost = 1 if eos_ids else 0
+    need_b = jnp.where(grammar.complete_s[new_b], 0, grammar.dist_s[new_b] + eos_cost)
+    # Only while the row can still close (by the single-byte bound) counting this token: a budget already
+    # short of that is left to the model, whose multi-byte tokens may still fit (forcing single bytes
+    # from there on would only cut the row sooner into a worse prefix).
+    closable_b = jnp.where(grammar.complete_s[state_b], 0, grammar.dist_s[state_b] + eos_cost) <= room_b + 1
     is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(tok_b, bool)
     closer_b = grammar.close_s[state_b]
     forced_b = jnp.where(closer_b >= 0, closer_b, eos_ids[0] if eos_ids else tok_b)
-    late_b = (need_b > room_b) & ~is_eos & (grammar.dist_s[state_b] < UNREACHABLE) & (forced_b != tok_b)
+    late_b = (need_b > room_b) & ~is_eos & closable_b & (forced_b != tok_b)
     return late_b, forced_b, new_b
 
 

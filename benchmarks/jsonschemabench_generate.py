@@ -42,8 +42,8 @@ def is_valid(schema, text: str) -> bool:
 
 def run_file(gen: Generator, name: str, a) -> dict:
     """Compiles the file's first a.limit schemas, generates one value each, and tallies the outcomes."""
-    kept, specs = [], []
-    for row in load(name)[:a.limit]:
+    kept, specs, rows = [], [], load(name)
+    for row in rows[:a.limit]:
         spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"])
         try:
             gen._grammar_tables(spec, lambda m: None)
@@ -51,7 +51,7 @@ def run_file(gen: Generator, name: str, a) -> dict:
             continue
         kept.append(row)
         specs.append(spec)
-    tally = collections.Counter(schemas=min(a.limit, len(load(name))), compiled=len(kept))
+    tally = collections.Counter(schemas=min(a.limit, len(rows)), compiled=len(kept))
     if not kept:
         return tally
     cfg = GenerateConfig(max_new_tokens=a.new_tokens, batch_size=min(a.batch, len(kept)), chat=True,

@@ -31,7 +31,7 @@ from specjax.decode.shapes import bucket
 from specjax.grammar.closing import UNREACHABLE, byte_tokens, closing_tables
 from specjax.grammar.runtime import GrammarTables, advance, allowed, mask_logits, stack_grammars
 
-__all__ = ["BatchGrammar", "close", "close_block", "draft_states", "mask", "prepare", "step"]
+__all__ = ["BatchGrammar", "close", "close_block", "closing_of", "draft_states", "mask", "prepare", "step"]
 
 
 @struct.dataclass
@@ -64,14 +64,32 @@ def _complete_states(tables: GrammarTables) -> np.ndarray:
     return np.asarray(tables.accept_s) & ~row_has_text_r[np.asarray(tables.row_s)]
 
 
-def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True) -> BatchGrammar:
+def closing_of(tables: GrammarTables, byte_token: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One grammar's closing tables (dist_s, close_s) on the host (`grammar.closing`); `byte_token` (the
+    vocabulary's single-byte tokens, `closing.byte_tokens`) is derived from the tables when not given."""
+    if byte_token is None:
+        byte_token = byte_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v), np.asarray(tables.kind_v))
+    return closing_tables(np.asarray(tables.trans_sb), np.asarray(tables.accept_s), byte_token)
+
+
+def _stack_closings(closings: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-grammar closing tables laid out as `stack_grammars` lays out states: the shared dead state 0, then
+    each grammar's states 1.. in order (close_s holds token ids, which stacking does not shift)."""
+    dist = np.concatenate([closings[0][0][:1]] + [d[1:] for d, _ in closings])
+    close = np.concatenate([closings[0][1][:1]] + [c[1:] for _, c in closings])
+    return dist, close
+
+
+def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True,
+            closings: list[tuple[np.ndarray, np.ndarray]] | None = None) -> BatchGrammar:
     """Stacks the grammars a batch uses and pads them to bucketed sizes.
 
     Args:
       grammars: compiled tables (same vocabulary).
       row_grammar: for each real row, the index of its grammar in `grammars`.
       batch: rows of the program (rows past len(row_grammar) are padding: dead state).
-      close: also compute the closing tables (`close`), so rows end complete within their budget.
+      close: also carry the closing tables (`close`), so rows end complete within their budget.
+      closings: each grammar's closing tables (`closing_of`), computed once by the caller; None computes them.
 
     Returns:
       The batch's grammar argument; equal bucket sizes give equal shapes, hence one compiled program.
@@ -91,8 +109,7 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
     state_b[:len(row_grammar)] = [initial[g] for g in row_grammar]
     dist_s = close_s = None
     if close:
-        dist, closer = closing_tables(np.asarray(stacked.trans_sb), np.asarray(stacked.accept_s), byte_tokens(
-            np.asarray(stacked.bytes_vl), np.asarray(stacked.length_v), np.asarray(stacked.kind_v)))
+        dist, closer = _stack_closings(closings or [closing_of(g) for g in grammars])
         dist_s = jnp.asarray(np.pad(dist, (0, s_pad), constant_values=UNREACHABLE))
         close_s = jnp.asarray(np.pad(closer, (0, s_pad), constant_values=-1))
     return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b),

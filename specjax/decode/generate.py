@@ -23,6 +23,7 @@ from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.shapes import bucket, prompt_bucket
 from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
+from specjax.grammar.closing import byte_tokens
 from specjax.models import sharding
 from specjax.models.transformer import Transformer
 
@@ -189,6 +190,8 @@ class Generator:
         self._stops: dict[tuple[str, ...], StopTables | None] = {}
         self._grammars: dict[GrammarSpec, object] = {}  # spec -> GrammarTables (compiled once per process)
         self._batch_grammar_memo: tuple = (None, None)  # (key, BatchGrammar) of the latest batch
+        self._closings: dict[GrammarSpec, tuple] = {}  # spec -> (dist_s, close_s) on the host
+        self._byte_tokens = None  # the vocabulary's single-byte text tokens (`grammar.closing.byte_tokens`)
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
 
     def encode(self, prompts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -217,12 +220,23 @@ class Generator:
             return None
         distinct = list(dict.fromkeys(specs))
         key = (tuple(distinct), tuple(distinct.index(g) for g in specs), batch, close)
-        # Consecutive batches of one grammar (the CLI's case) reuse the stacked tables and their closing
-        # tables (~1 s of CPU for a 113k-state grammar).
+        # Consecutive batches of one grammar (the CLI's case) reuse the stacked tables.
         if self._batch_grammar_memo[0] != key:
+            closings = [self._closing(g) for g in distinct] if close else None
             self._batch_grammar_memo = (key, constrain.prepare([self._grammars[g] for g in distinct], list(key[1]),
-                                                               batch, close))
+                                                               batch, close, closings))
         return self._batch_grammar_memo[1]
+
+    def _closing(self, spec: GrammarSpec):
+        """A grammar's closing tables, computed once per process (~1 s of CPU for a 113k-state grammar); the
+        vocabulary's single-byte tokens once per Generator."""
+        if spec not in self._closings:
+            tables = self._grammars[spec]
+            if self._byte_tokens is None:
+                self._byte_tokens = byte_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v),
+                                                np.asarray(tables.kind_v))
+            self._closings[spec] = constrain.closing_of(tables, self._byte_tokens)
+        return self._closings[spec]
 
     def _take_cache(self, batch: int, slots: int):
         c = self._cache

@@ -153,3 +153,17 @@ def test_close_block_replaces_the_first_late_token(json_grammar):
                                                   jnp.asarray([19]), TOK.eos_ids)
     assert late[0] and int(new_acc[0]) == 9 and TOK.decode(np.asarray(new_bt)[0, :10].tolist()) in ('{"name":"b',
                                                                                     '{"name":"c')
+
+
+def test_per_grammar_closing_tables_stack_like_the_grammars():
+    from specjax.grammar.closing import byte_tokens, closing_tables
+    from specjax.grammar.runtime import stack_grammars
+
+    grammars = [compile_spec(SPECS[k], TOK) for k in ("json", "regex", "arith")]
+    stacked, _ = stack_grammars(grammars)
+    direct = closing_tables(np.asarray(stacked.trans_sb), np.asarray(stacked.accept_s), byte_tokens(
+        np.asarray(stacked.bytes_vl), np.asarray(stacked.length_v), np.asarray(stacked.kind_v)))
+    batch = constrain.prepare(grammars, [0, 1, 2], 3, closings=[constrain.closing_of(g) for g in grammars])
+    n = stacked.n_states
+    assert np.asarray(batch.dist_s)[:n].tolist() == direct[0].tolist()
+    assert np.asarray(batch.close_s)[:n].tolist() == direct[1].tolist()

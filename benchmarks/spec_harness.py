@@ -108,14 +108,12 @@ def read_rows(paths: Iterable[Path]) -> list[dict]:
 def summarize(rows: list[dict]) -> dict:
     """{(target, T, batch): {category or 'all': {setup: cell}}} with cell = speedup, decode_speedup, tau,
     plain_rate, same (all greedy units equal plain; None when sampling), n (units). Only units that have
-    a plain row count; categories keep first-seen order, 'all' last."""
+    a plain row count (`_cells`); categories keep first-seen order, 'all' last."""
     by_setting = collections.defaultdict(list)
     for r in rows:
         by_setting[(r.get("target", ""), r["T"], r["batch"])].append(r)
     out = {}
     for key, rs in by_setting.items():
-        plain_units = {tuple(r["ids"]) for r in rs if r["setup"] == "plain"}
-        rs = [r for r in rs if tuple(r["ids"]) in plain_units]
         cats = list(dict.fromkeys(r["category"] for r in rs)) + ["all"]
         out[key] = {c: _cells([r for r in rs if c == "all" or r["category"] == c]) for c in cats}
     return out
@@ -164,6 +162,15 @@ def table(cats: dict) -> str:
                          f"{c['plain_rate']:.0%}")
         lines.append(f"| {cat} | {n} | " + " | ".join(parts) + " |")
     return "\n".join(lines)
+
+
+def markdown(summary: dict, heading: str = "###") -> str:
+    """Every setting of `summarize` as a headed table, then the worst whole-set speedup."""
+    parts = [f"{heading} {target}, T={temp:g}, batch {batch}\n\n{table(cats)}\n"
+             for (target, temp, batch), cats in summary.items()]
+    if (w := worst(summary)) is not None:
+        parts.append(f"Worst whole-set speedup of any setting: **{w[0]:.2f}×** ({w[1]}).\n")
+    return "\n".join(parts)
 
 
 def worst(summary: dict) -> tuple[float, str] | None:

@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from spec_harness import generate_config, load_prompts, measure_unit, parse_setup, summarize, table
+from spec_harness import generate_config, load_prompts, markdown, measure_unit, parse_setup, summarize
 
 from specjax.decode import Generator, SpeculativeGenerator
 from specjax.models.loading import load_model
@@ -61,8 +61,7 @@ def main() -> None:
     rows = run(args)
     load = os.getloadavg()
     print(f"\n{start:%Y-%m-%d %H:%M} UTC, load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    for cats in summarize(rows).values():
-        print(table(cats))
+    print(markdown(summarize(rows)))
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
 

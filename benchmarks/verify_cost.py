@@ -10,7 +10,8 @@ the verification of k = 4 and 8 (block forward over k+1 positions per row, then 
 or sampled verification of a k-token draft). With --sampler, also a draw from [B, 262144] logits by
 `jax.random.categorical` vs `sampling.categorical` (the two-level inverse CDF).
 
-    python benchmarks/verify_cost.py [--batch 1,8] [--k 4,8] [--reps 12] [--sampler]
+    python benchmarks/verify_cost.py [--model gemma3-270m|qwen2.5-coder-1.5b-instruct|PATH] [--weights float32]
+                                     [--batch 1,8] [--k 4,8] [--reps 12] [--sampler]
 """
 
 from __future__ import annotations
@@ -95,12 +96,14 @@ def sampler_costs(vocab: int, batches, reps: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a model name or path (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--weights", default="float32", help="float32 | bfloat16 | int8 | q4")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--k", default="4,8")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--sampler", action="store_true", help="also time one draw over the vocabulary")
     a = ap.parse_args()
-    model, _ = load_model()
+    model, _ = load_model(a.model, weights=a.weights)
     batches = [int(x) for x in a.batch.split(",")]
     verify_costs(model, batches, [int(x) for x in a.k.split(",")], a.reps)
     if a.sampler:

@@ -17,16 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from spec_harness import read_rows, summarize, table, worst  # noqa: E402
-
-
-def markdown(summary: dict) -> str:
-    parts = []
-    for (target, temp, batch), cats in summary.items():
-        parts.append(f"### {target}, T={temp:g}, batch {batch}\n\n{table(cats)}\n")
-    if (w := worst(summary)) is not None:
-        parts.append(f"Worst whole-set speedup of any setting: **{w[0]:.2f}×** ({w[1]}).\n")
-    return "\n".join(parts)
+from spec_harness import markdown, read_rows, summarize  # noqa: E402
 
 
 def plot(summary: dict, path: Path) -> None:

@@ -34,13 +34,12 @@ from spec_harness import (  # noqa: E402
     SHARED,
     generate_config,
     load_prompts,
+    markdown,
     measure_unit,
     parse_setup,
     read_rows,
     summarize,
-    table,
     units,
-    worst,
 )
 
 DEFAULT_SETUPS = "ngram:4,ngram:8,lookup:12,recycle:8"
@@ -130,11 +129,7 @@ def main() -> None:
         run(args, setups, todo)
     load = os.getloadavg()
     print(f"\nstarted {start:%Y-%m-%d %H:%M} UTC, load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    summary = summarize(read_rows([Path(args.out)]))  # the whole file: earlier runs' units too
-    for (target, temp, batch), cats in summary.items():
-        print(f"\n{target}, T={temp:g}, batch {batch}\n\n{table(cats)}")
-    if (w := worst(summary)) is not None:
-        print(f"\nworst whole-set speedup: {w[0]:.2f}x ({w[1]})")
+    print(markdown(summarize(read_rows([Path(args.out)]))))  # the whole file: earlier runs' units too
 
 
 if __name__ == "__main__":

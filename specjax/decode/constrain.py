@@ -31,7 +31,8 @@ from specjax.decode.shapes import bucket
 from specjax.grammar.closing import UNREACHABLE, byte_tokens, closing_tables
 from specjax.grammar.runtime import GrammarTables, advance, allowed, mask_logits, stack_grammars
 
-__all__ = ["BatchGrammar", "close", "close_block", "closing_of", "draft_states", "mask", "prepare", "step"]
+__all__ = ["BatchGrammar", "close", "close_block", "closing_of", "draft_states", "mask", "prepare", "step",
+           "vocab_byte_tokens"]
 
 
 @struct.dataclass
@@ -64,11 +65,16 @@ def _complete_states(tables: GrammarTables) -> np.ndarray:
     return np.asarray(tables.accept_s) & ~row_has_text_r[np.asarray(tables.row_s)]
 
 
+def vocab_byte_tokens(tables: GrammarTables) -> np.ndarray:
+    """The vocabulary's single-byte text tokens (`closing.byte_tokens`) from any grammar's tables over it."""
+    return byte_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v), np.asarray(tables.kind_v))
+
+
 def closing_of(tables: GrammarTables, byte_token: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One grammar's closing tables (dist_s, close_s) on the host (`grammar.closing`); `byte_token` (the
-    vocabulary's single-byte tokens, `closing.byte_tokens`) is derived from the tables when not given."""
+    """One grammar's closing tables (dist_s, close_s) on the host (`grammar.closing`); `byte_token`
+    (`vocab_byte_tokens`) is derived from the tables when not given."""
     if byte_token is None:
-        byte_token = byte_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v), np.asarray(tables.kind_v))
+        byte_token = vocab_byte_tokens(tables)
     return closing_tables(np.asarray(tables.trans_sb), np.asarray(tables.accept_s), byte_token)
 
 
@@ -177,11 +183,15 @@ def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...
     # Tokens the row needs after tok_b: none once only EOS may follow (the row stops there), else the bytes
     # to an accepting state plus the EOS that ends it.
     eos_cost = 1 if eos_ids else 0
-    need_b = jnp.where(grammar.complete_s[new_b], 0, grammar.dist_s[new_b] + eos_cost)
+
+    def need(s_b):
+        return jnp.where(grammar.complete_s[s_b], 0, grammar.dist_s[s_b] + eos_cost)
+
+    need_b = need(new_b)
     # Only while the row can still close (by the single-byte bound) counting this token: a budget already
     # short of that is left to the model, whose multi-byte tokens may still fit (forcing single bytes
     # from there on would only cut the row sooner into a worse prefix).
-    closable_b = jnp.where(grammar.complete_s[state_b], 0, grammar.dist_s[state_b] + eos_cost) <= room_b + 1
+    closable_b = need(state_b) <= room_b + 1
     is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(tok_b, bool)
     closer_b = grammar.close_s[state_b]
     forced_b = jnp.where(closer_b >= 0, closer_b, eos_ids[0] if eos_ids else tok_b)

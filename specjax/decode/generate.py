@@ -23,7 +23,6 @@ from specjax.decode.mesh import MeshPlan
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.shapes import bucket, prompt_bucket
 from specjax.decode.stops import StopTables, build_stop_tables, truncate_at_stop
-from specjax.grammar.closing import byte_tokens
 from specjax.models import sharding
 from specjax.models.transformer import Transformer
 
@@ -233,8 +232,7 @@ class Generator:
         if spec not in self._closings:
             tables = self._grammars[spec]
             if self._byte_tokens is None:
-                self._byte_tokens = byte_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v),
-                                                np.asarray(tables.kind_v))
+                self._byte_tokens = constrain.vocab_byte_tokens(tables)
             self._closings[spec] = constrain.closing_of(tables, self._byte_tokens)
         return self._closings[spec]
 

@@ -156,13 +156,13 @@ def test_close_block_replaces_the_first_late_token(json_grammar):
 
 
 def test_per_grammar_closing_tables_stack_like_the_grammars():
-    from specjax.grammar.closing import byte_tokens, closing_tables
+    from specjax.grammar.closing import closing_tables
     from specjax.grammar.runtime import stack_grammars
 
     grammars = [compile_spec(SPECS[k], TOK) for k in ("json", "regex", "arith")]
     stacked, _ = stack_grammars(grammars)
-    direct = closing_tables(np.asarray(stacked.trans_sb), np.asarray(stacked.accept_s), byte_tokens(
-        np.asarray(stacked.bytes_vl), np.asarray(stacked.length_v), np.asarray(stacked.kind_v)))
+    direct = closing_tables(np.asarray(stacked.trans_sb), np.asarray(stacked.accept_s),
+                            constrain.vocab_byte_tokens(stacked))
     batch = constrain.prepare(grammars, [0, 1, 2], 3, closings=[constrain.closing_of(g) for g in grammars])
     n = stacked.n_states
     assert np.asarray(batch.dist_s)[:n].tolist() == direct[0].tolist()

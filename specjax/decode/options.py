@@ -42,6 +42,7 @@ class AdaptiveOptions:
     max_probe_every: int = _ADAPT.max_probe_every
     verify_cost: float | None = _ADAPT.verify_cost
     min_best_gain: float = _ADAPT.min_best_gain
+    cheap_max_gap: int = _ADAPT.cheap_max_gap
 
 
 @dataclasses.dataclass
@@ -82,7 +83,8 @@ class SpecOptions:
         return SpecConfig(
             k=self.k, method=self.method, adaptive=a.enabled, min_expected_accept=float(a.min_expected_accept),
             ema_weight=float(a.ema_weight), probe_every=a.probe_every, max_probe_every=a.max_probe_every,
-            verify_cost=a.verify_cost, min_best_gain=float(a.min_best_gain), max_ngram=d.max_ngram,
+            verify_cost=a.verify_cost, min_best_gain=float(a.min_best_gain), cheap_max_gap=a.cheap_max_gap,
+            max_ngram=d.max_ngram,
             min_ngram=d.min_ngram, layers=tuple(d.layer_list) or d.layers, confidence=float(d.confidence),
             draft_model=d.draft_model, draft_checkpoint=d.draft_checkpoint, eagle_depth=d.eagle_depth,
             eagle_top_k=d.eagle_top_k, draft_vocab=d.draft_vocab, draft_vocab_corpus=d.draft_vocab_corpus,

@@ -24,8 +24,8 @@ class SpecConfig:
       max_ngram, min_ngram: tail lengths tried by the n-gram (prompt lookup) drafter.
       adaptive: back off to plain one-token rounds while the batch's drafts are not expected to pay
         for a verify round (`policy.Adaptive`); False speculates every round.
-      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost, min_best_gain: the
-        adaptive policy (`policy.Adaptive`); probe_every (costly drafters only: layer skip, draft
+      min_expected_accept, ema_weight, probe_every, max_probe_every, verify_cost, min_best_gain,
+        cheap_max_gap: the adaptive policy (`policy.Adaptive`); probe_every (costly drafters only: layer skip, draft
         model, Medusa, EAGLE) is how many plain rounds pass before a probe re-measures the drafts, a gap
         that doubles after each probe up to max_probe_every while speculating does not pay; verify_cost
         (None: estimated) is a speculative round's cost in plain rounds, drafting included; speculation
@@ -58,6 +58,7 @@ class SpecConfig:
     max_probe_every: int = Adaptive.max_probe_every
     verify_cost: float | None = None
     min_best_gain: float = Adaptive.min_best_gain
+    cheap_max_gap: int = Adaptive.cheap_max_gap
     method: str = "ngram"
     layers: int | tuple[int, ...] = 4
     draft_model: str | None = None
@@ -84,6 +85,8 @@ class SpecConfig:
                 self.max_probe_every < self.probe_every:
             raise GenerationError(f"max_probe_every must be an integer >= probe_every ({self.probe_every}), "
                                   f"got {self.max_probe_every!r}")
+        if not isinstance(self.cheap_max_gap, int) or isinstance(self.cheap_max_gap, bool) or self.cheap_max_gap < 1:
+            raise GenerationError(f"cheap_max_gap must be a positive integer, got {self.cheap_max_gap!r}")
         if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
             raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
                                   f"got {self.verify_cost!r}")
@@ -107,7 +110,8 @@ class SpecConfig:
         cost = None if self.verify_cost is None else float(self.verify_cost)
         return Adaptive(min_expected_accept=float(self.min_expected_accept), ema_weight=float(self.ema_weight),
                         probe_every=self.probe_every, max_probe_every=self.max_probe_every,
-                        verify_cost=cost, min_best_gain=float(self.min_best_gain))
+                        verify_cost=cost, min_best_gain=float(self.min_best_gain),
+                        cheap_max_gap=self.cheap_max_gap)
 
 
 _POLICY_FIELDS = frozenset(f.name for f in dataclasses.fields(Adaptive)) | {"adaptive"}

@@ -9,12 +9,15 @@ Draft quality is tracked per row as an exponential moving average of the tokens 
 accepted (`PolicyState.accept_ema_b`). Speculative rounds update it from verification. How plain
 rounds keep it fresh depends on what a draft costs (`Drafter.cheap`):
 
-* A cheap drafter (n-gram lookup) proposes every round, and the policy counts only rows with a draft.
-  Plain rounds update the average for free from a *shadow draft*: the draft a row had when it last
-  stopped speculating is compared, token by token, with what the plain rounds then commit — which
-  is exactly what verification would have accepted (greedy), or has the same expectation
-  (sampling with a deterministic draft: both accept token x with probability p(x)). So a row whose
-  text turns repetitive again is noticed without paying for probe rounds.
+* A cheap drafter (n-gram lookup) costs no forward, and the policy counts only rows with a draft.
+  Plain rounds update the average for free from a *shadow draft*: a proposal that was not verified
+  is compared, token by token, with what the plain rounds then commit — which is exactly what
+  verification would have accepted (greedy), or has the same expectation (sampling with a
+  deterministic draft: both accept token x with probability p(x)). So a row whose text turns
+  repetitive again is noticed without paying for a verify forward. Proposing is not free either (on
+  XLA:CPU an n-gram proposal and its shadow cost ~3-7% of a Gemma 3 270M step: dozens of small ops),
+  so while the shadows stay under the bar the proposals back off like a costly drafter's probes, from
+  every round to every `Adaptive.cheap_max_gap` rounds; a speculative round resets the gap to 1.
 * A costly drafter (a network) proposes in speculative rounds only, so a plain round costs what plain
   decoding does. After a gap of plain rounds one *probe* round drafts, and the draft becomes a shadow
   draft for the next plain rounds (no verify forward: a probe costs the draft alone). Its hit count
@@ -68,6 +71,9 @@ class Adaptive:
       min_best_gain: speculation is switched off (no probes, no speculative rounds: plain decoding)
         when even a round whose draft is accepted in full would beat plain rounds by less than this
         factor (`off`), e.g. a 4-token layer-skip draft through the full 262,144-row head on XLA:CPU.
+      cheap_max_gap: a cheap drafter proposes every round while its averages reach the bar; else after
+        gaps of 1, 2, 4, … plain rounds up to this many (a gap delays noticing repetitive text by at
+        most this many tokens).
     """
 
     min_expected_accept: float = 2.0
@@ -76,6 +82,7 @@ class Adaptive:
     max_probe_every: int = 256
     verify_cost: float | None = None
     min_best_gain: float = 1.5
+    cheap_max_gap: int = 8
 
     def threshold(self, k: int) -> float:
         """The floor of the bar: min_expected_accept capped at 3/4 of k."""
@@ -107,16 +114,18 @@ class Adaptive:
 def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
     """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
 
-    Measured on Gemma 3 270M, quiet 2-core XLA:CPU (docs/performance.md, "verify cost"): batch 1
-    1.84 (k=4) / 2.33 (k=8); batch 8 greedy 2.09 / 3.47, sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS
-    block rows the head is one float32 product whose full logits sampling also normalises. Modelled
-    as 1 + k · per-row cost. Other backends: verification is nearly free next to a step.
+    Measured on 2-core XLA:CPU (docs/benchmarks.md, "verify cost"). Batch 1, whole rounds: Qwen2.5-Coder
+    1.5B greedy 2.67 (k=4) / 3.40 (k=8) / 3.86 (k=12), sampled 2.38 / 2.93 / 3.35; Gemma 3 270M k=8
+    2.9-3.3 greedy, 2.8-3.6 sampled — modelled as 1.8 + 0.18 k (beyond one row XLA:CPU's GEMM repacks
+    the weights). Batch 8, Gemma: greedy 2.09 / 3.47, sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS block
+    rows the head is one float32 product whose full logits sampling also normalises — modelled as
+    1 + k · per-row cost. Other backends: verification is nearly free next to a step.
     """
     if jax.default_backend() != "cpu":
         return 1.0 + 0.05 * k
     if b == 1:
-        per_row = 0.2
-    elif greedy or b * (k + 1) <= MAX_CHUNKED_ROWS:
+        return 1.8 + 0.18 * k
+    if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS:
         per_row = 0.3
     else:
         per_row = 0.9
@@ -158,21 +167,52 @@ def run(ctx: RoundContext, s: SpecState) -> SpecState:
 
 
 def run_cheap(ctx: RoundContext, s: SpecState) -> SpecState:
-    """A cheap drafter proposes every round: the carry holds the next round's draft, the loop conditions
-    decide from it, and a plain round's shadow follows it."""
+    """A cheap drafter proposes in *probes*: the carry holds the latest proposal, which a speculative
+    round verifies (`chosen`) or the next plain round follows as a shadow. While the averages stay under
+    the bar, plain rounds propose nothing (`follow`) and the probes back off (`Adaptive.cheap_max_gap`).
+    """
+    adapt = ctx.adapt
 
     def chosen(c):
         return wants(ctx, c[0], c[1].len_b > 0)
 
-    def plain_fn(c):
-        return propose(ctx, plain_round(ctx, *c))
+    def follow(c):  # starts a shadow from the carried proposal (if any), then carries none
+        s = plain_round(ctx, *c)
+        return s, c[1].replace(len_b=jnp.zeros_like(c[1].len_b)), c[2]
+
+    def probe(c):
+        s, draft, state_bt = propose(ctx, c[0])
+        pol = s.policy
+        pol = pol.replace(plain_streak=jnp.zeros_like(pol.plain_streak),
+                          probe_gap=jnp.minimum(2 * pol.probe_gap, adapt.cheap_max_gap))
+        return s.replace(policy=pol), draft, state_bt
 
     def spec_fn(c):
-        return propose(ctx, spec_round(ctx, *c))
+        s, draft, state_bt = propose(ctx, spec_round(ctx, *c))
+        return s.replace(policy=s.policy.replace(probe_gap=jnp.ones_like(s.policy.probe_gap))), draft, state_bt
 
-    carry = jax.lax.while_loop(lambda c: c[0].running, lambda c: phases(chosen, plain_fn, spec_fn, c),
-                               propose(ctx, s))
-    return carry[0]
+    def bare(c):  # no shadow open and none to start: plain decoding's round, with none of the shadow's ops
+        return plain_round(ctx, c[0]), *c[1:]
+
+    def idle(c):
+        pol = c[0].policy
+        return c[0].running & (pol.plain_streak < pol.probe_gap) & ~wants(ctx, c[0])
+
+    def shadowing(c):
+        return jnp.any(c[0].policy.shadow.len_b > 0) | jnp.any(c[1].len_b > 0)
+
+    def phases_cheap(c):
+        c = jax.lax.while_loop(lambda c: idle(c) & shadowing(c), follow, c)
+        c = jax.lax.while_loop(lambda c: idle(c) & ~shadowing(c), bare, c)
+        c = probe(c)
+        c = jax.lax.while_loop(lambda c: c[0].running & chosen(c), spec_fn, c)
+        # The proposal no round verified starts a shadow (one trip: the round raises the streak from 0).
+        return jax.lax.while_loop(lambda c: c[0].running & (c[0].policy.plain_streak == 0), follow, c)
+
+    b = s.row.done_b.shape[0]
+    empty = propose(ctx, s)  # the carry's structure; its length 0 keeps it from being followed
+    carry = (s, empty[1].replace(len_b=jnp.zeros((b,), jnp.int32)), empty[2])
+    return jax.lax.while_loop(lambda c: c[0].running, phases_cheap, carry)[0]
 
 
 def run_costly(ctx: RoundContext, s: SpecState) -> SpecState:

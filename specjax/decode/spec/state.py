@@ -61,7 +61,7 @@ class Shadow:
 class PolicyState:
     """The adaptive policy's carry: accept_ema_b (moving average of accepted draft tokens per round);
     plain_streak, the batch's plain rounds since its last speculative round or probe; probe_gap, the
-    streak at which a costly drafter probes next; the shadow draft."""
+    streak at which the drafter probes next (`policy.py`); the shadow draft."""
 
     accept_ema_b: jax.Array
     plain_streak: jax.Array

@@ -32,8 +32,8 @@ def greedy_continuation(model, prompt, n):
     return ids[len(prompt):]
 
 
-def context(model, profile=CPU, eos_ids=(), max_new=N_OUT, adapt=None):
-    return RoundContext.create(model, (), K, NgramDrafter(), SamplingConfig(), jnp.float32(1.0), jnp.float32(1.0),
+def context(model, profile=CPU, eos_ids=(), max_new=N_OUT, adapt=None, sampling=SamplingConfig()):
+    return RoundContext.create(model, (), K, NgramDrafter(), sampling, jnp.float32(1.0), jnp.float32(1.0),
                                jnp.int32(max_new), eos_ids, None, adapt, None, profile)
 
 
@@ -108,10 +108,12 @@ def test_advance_shadow_counts_hits_down_a_chain_and_ends_at_a_mismatch():
     assert np.asarray(shadow.hit_b).tolist() == [3, 1] and np.asarray(end_b).tolist() == [True, False]
 
 
-def test_the_policy_state_starts_a_cheap_drafter_at_the_bar(tiny_model):
+def test_the_policy_state_starts_a_cheap_drafter_at_the_bar_only_when_greedy(tiny_model):
     adapt = Adaptive()
     ctx = context(tiny_model, adapt=adapt)
     s = prefilled(ctx, PROMPT, 3)
     assert np.allclose(np.asarray(s.policy.accept_ema_b), adapt.bar(2, K, True))
-    assert int(s.policy.probe_gap) == adapt.probe_every
+    assert int(s.policy.probe_gap) == int(s.policy.plain_streak) == 1  # the first round proposes
     assert emitted(s) == [[3], [3]]
+    sampled = context(tiny_model, adapt=adapt, sampling=SamplingConfig(temperature=1.0))
+    assert np.allclose(np.asarray(prefilled(sampled, PROMPT, 3).policy.accept_ema_b), 0.0)

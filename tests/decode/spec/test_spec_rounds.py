@@ -6,6 +6,8 @@ start at `probe_every` and double up to `max_probe_every`. Greedy output must st
 and `observe` must still see every committed token.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from specjax.decode import (
     LayerSkipDrafter,
     NgramDrafter,
     SpecConfig,
+    SamplingConfig,
     SpeculativeGenerator,
     speculative_program,
 )
@@ -128,6 +131,30 @@ def test_costly_drafter_proposes_only_in_probes_that_back_off(tiny_model, drafte
         np.testing.assert_array_equal(np.asarray(hist_bl[b, :n]), np.asarray(state.row.hist_bl[b, :n]))
 
 
+class CheapCountingDrafter(CountingDrafter):
+    """The counting drafter as a cheap one (no forward): proposals back off to every cheap_max_gap rounds."""
+
+    cheap = True
+
+
+@pytest.mark.parametrize(("max_gap", "proposals"), [(8, [0, 2, 6, 14]), (2, [0, 2, 4, 6, 8, 10, 12, 14])])
+def test_cheap_drafter_proposals_back_off_while_its_shadows_miss(tiny_model, max_gap, proposals):
+    """Sampling (no blind first try): round 0 proposes, its shadow misses, and the next proposals come
+    after 2, 4, 8 (at most max_gap) rounds; plain rounds in between propose nothing."""
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True,
+                         sampling=SamplingConfig(temperature=1.0, seed=3))
+    drafter = CheapCountingDrafter()
+    adapt = dataclasses.replace(SpecConfig(k=K, verify_cost=2.0).policy(), cheap_max_gap=max_gap)
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
+    _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
+    state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter, adapt=adapt)
+    _, log_n = state.draft  # (EchoDrafter's argmax check does not hold when sampling)
+    steps = int(state.row.steps)
+    assert steps == 15
+    assert np.flatnonzero(np.asarray(log_n[:steps])).tolist() == proposals
+    assert int(jnp.sum(state.counters.plain_rounds_b)) == int(jnp.sum(state.counters.rounds_b)) == 15 * 4
+
+
 def _eos_model(reference) -> tuple[Transformer, int]:
     """The tiny model (same weights) with EOS = a token row 1 emits early: rows finish apart."""
     eos = reference[1][2]
@@ -176,7 +203,8 @@ class OracleDrafter(NgramDrafter):
 
 def test_adaptive_bar_weighs_the_whole_batch():
     policy = SpecConfig(k=8).policy()
-    assert policy.bar(1, 8, True) == 2.0  # batch 1: the floor (CPU estimate 1 + 8 * 0.2 - 1 = 1.6 is below)
+    assert policy.bar(1, 8, True) == pytest.approx(1.8 + 8 * 0.18 - 1)  # batch 1 on CPU: above the floor
+    assert policy.bar(1, 4, True) == 2.0  # k=4: the estimate 1.8 + 4 * 0.18 - 1 = 1.52 is below the floor
     assert policy.bar(8, 8, False) == pytest.approx(estimated_verify_cost(8, 8, False) - 1)
     assert policy.bar(8, 8, False) > 2.0  # on CPU: 72 sampled block rows cost ~8 plain rounds
     assert SpecConfig(k=8, verify_cost=4.5).policy().bar(8, 8, False) == 3.5

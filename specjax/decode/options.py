@@ -153,7 +153,8 @@ class DecodeOptions:
 FLAT_ALIASES = {
     "spec": "spec.method", "spec_k": "spec.k",
     **{f"spec_{n}": f"spec.adaptive.{n}" for n in ("probe_every", "max_probe_every", "verify_cost",
-                                                  "min_best_gain", "min_expected_accept", "ema_weight")},
+                                                  "min_best_gain", "min_expected_accept", "ema_weight",
+                                                  "cheap_max_gap")},
     "spec_adaptive": "spec.adaptive.enabled",
     **{f"spec_{n}": f"spec.drafter.{n}" for n in ("max_ngram", "min_ngram", "layers", "layer_list", "confidence")},
     **{n: f"spec.drafter.{n}" for n in ("draft_model", "draft_checkpoint", "eagle_depth", "eagle_top_k",

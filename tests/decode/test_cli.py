@@ -50,6 +50,7 @@ def test_unknown_option_is_named():
     ({"spec": "layerskip", "spec_confidence": 1.5}, "confidence must be in [0, 1)"),
     ({"spec": "layerskip", "spec_probe_every": 0}, "probe_every must be a positive integer, got 0"),
     ({"spec": "layerskip", "spec_max_probe_every": 8}, "max_probe_every must be an integer >= probe_every (16), got 8"),
+    ({"spec": "ngram", "spec_cheap_max_gap": 0}, "cheap_max_gap must be a positive integer, got 0"),
     ({"spec": "ngram", "spec_min_best_gain": -1.0}, "min_best_gain must be a number >= 0"),
     ({"spec": "ngram", "spec_verify_cost": 0.5}, "verify_cost must be >= 1 (plain rounds per speculative round)"),
     ({"spec": "layerskip", "draft_vocab": 100}, "draft_vocab=100 needs draft_vocab_corpus="),

@@ -125,10 +125,7 @@ def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
         return 1.0 + 0.05 * k
     if b == 1:
         return 1.8 + 0.18 * k
-    if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS:
-        per_row = 0.3
-    else:
-        per_row = 0.9
+    per_row = 0.3 if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS else 0.9
     return 1.0 + per_row * k
 
 

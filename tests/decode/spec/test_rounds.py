@@ -32,9 +32,9 @@ def greedy_continuation(model, prompt, n):
     return ids[len(prompt):]
 
 
-def context(model, profile=CPU, eos_ids=(), max_new=N_OUT, adapt=None, sampling=SamplingConfig()):
-    return RoundContext.create(model, (), K, NgramDrafter(), sampling, jnp.float32(1.0), jnp.float32(1.0),
-                               jnp.int32(max_new), eos_ids, None, adapt, None, profile)
+def context(model, profile=CPU, eos_ids=(), max_new=N_OUT, adapt=None, sampling=None):
+    return RoundContext.create(model, (), K, NgramDrafter(), sampling or SamplingConfig(), jnp.float32(1.0),
+                               jnp.float32(1.0), jnp.int32(max_new), eos_ids, None, adapt, None, profile)
 
 
 def prefilled(ctx, prompt, first):

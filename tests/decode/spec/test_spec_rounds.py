@@ -21,8 +21,8 @@ from specjax.decode import (
     Generator,
     LayerSkipDrafter,
     NgramDrafter,
-    SpecConfig,
     SamplingConfig,
+    SpecConfig,
     SpeculativeGenerator,
     speculative_program,
 )

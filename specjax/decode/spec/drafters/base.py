@@ -15,8 +15,10 @@ features). Three hooks:
 positions (`Observation`): what EAGLE and Medusa heads draft from.
 
 One class attribute, `cheap`, tells the adaptive policy (`spec/policy.py`, `Adaptive`) what a draft
-costs. A cheap drafter (n-gram lookup: a few compares over the history) proposes every round,
-and plain rounds use that free draft as a "shadow" to keep its acceptance estimate fresh. A
+costs. A cheap drafter (n-gram lookup: a few compares over the history) may propose in any round
+without a forward, and plain rounds use such a draft as a "shadow" to keep its acceptance estimate
+fresh (every round while its drafts look good, backing off to every `Adaptive.cheap_max_gap` rounds
+while they do not: proposing is not free on XLA:CPU either). A
 costly one (anything that runs a network: layer skip, a draft model, Medusa, EAGLE) proposes only
 in speculative rounds, so a plain round costs what plain decoding does; its estimate is refreshed
 by a probe round every `Adaptive.probe_every` plain rounds instead. `observe` runs after every

@@ -81,18 +81,29 @@ def generate_config(new_tokens: int, batch: int, temperature: float, seed: int =
 
 
 def measure_unit(plain, gens: dict, setups: dict[str, SpecConfig], unit: list[dict], cfg: GenerateConfig,
-                 meta: dict) -> Iterator[dict]:
-    """Rows of one unit: plain first, then every setup (yielded as each finishes)."""
+                 meta: dict, reps: int = 1) -> Iterator[dict]:
+    """Rows of one unit: plain and every setup, `reps` times. Repetition r starts at the r-th of them
+    (plain, then the setups in order, rotated), so no setup always runs right after the same one; each
+    row reports its setup's median-time repetition (the lower median for an even count)."""
     texts = [p["prompt"] for p in unit]
-    meta = {**meta, "ids": [p["id"] for p in unit], "category": unit_category(unit)}
+    meta = {**meta, "ids": [p["id"] for p in unit], "category": unit_category(unit), "reps": reps}
     greedy = cfg.sampling.temperature == 0
-    base, pst = timed(plain, texts, cfg, None)
+    names = ["plain", *setups]
+    runs = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            runs[n].append(timed(plain if n == "plain" else gens[n], texts, cfg, setups.get(n)))
+
+    def median(results):
+        return sorted(results, key=lambda o: o[1].wall_s)[(len(results) - 1) // 2]
+
+    base, pst = median(runs["plain"])
     yield {**meta, "setup": "plain", "wall_s": pst.wall_s, "decode_s": pst.decode_s, "tokens": pst.new_tokens,
            "rounds": pst.new_tokens, "tau": 1.0, "plain_rate": 1.0, "mean_draft": 0.0, "same": True if greedy else None,
            "note": ""}
-    for name, spec in setups.items():
-        outs, st = timed(gens[name], texts, cfg, spec)
-        same = [o.tokens for o in outs] == [o.tokens for o in base] if greedy else None
+    for name in setups:
+        outs, st = median(runs[name])
+        same = all([o.tokens for o in outs] == [o.tokens for o in base] for outs, _ in runs[name]) if greedy else None
         yield {**meta, "setup": name, "wall_s": st.wall_s, "decode_s": st.decode_s, "tokens": st.new_tokens,
                "rounds": st.rounds, "tau": st.tau, "plain_rate": st.plain_rate, "mean_draft": st.mean_draft_len,
                "same": same, "note": st.note}

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from tiny_hf import write_tiny_hf_model
@@ -69,6 +70,33 @@ def test_parse_setup_reads_json_values():
     assert (cfg.method, cfg.k, cfg.adaptive, cfg.probe_every) == ("recycle", 8, False, 4)
 
 
+class FakeGen:
+    """A generator whose calls take the next of `walls` seconds and log their order in `calls`."""
+
+    def __init__(self, name, walls, calls, tokens=(1, 2)):
+        self.name, self.walls, self.calls, self.tokens = name, list(walls), calls, tokens
+
+    def generate(self, texts, cfg, spec=None):
+        self.calls.append(self.name)
+        wall = self.walls.pop(0)
+        stats = SimpleNamespace(compiled=0, wall_s=wall, decode_s=wall / 2, new_tokens=2, rounds=2, tau=1.0,
+                                plain_rate=1.0, mean_draft_len=0.0, note="")
+        return [SimpleNamespace(tokens=self.tokens)], stats
+
+
+def test_repetitions_rotate_the_order_and_keep_the_median():
+    calls = []
+    plain = FakeGen("plain", [3.0, 1.0, 2.0], calls)
+    gens = {"a": FakeGen("a", [5.0, 9.0, 4.0], calls), "b": FakeGen("b", [7.0, 6.0, 8.0], calls, tokens=(1, 3))}
+    setups = {"a": spec_harness.SpecConfig(k=2), "b": spec_harness.SpecConfig(k=2)}
+    cfg = spec_harness.generate_config(2, 1, 0.0)
+    rows = list(spec_harness.measure_unit(plain, gens, setups, [{"id": "x", "category": "c", "prompt": "p"}], cfg,
+                                          {"T": 0.0, "batch": 1}, reps=3))
+    assert calls == ["plain", "a", "b", "a", "b", "plain", "b", "plain", "a"]
+    assert [(r["setup"], r["wall_s"], r["reps"]) for r in rows] == [("plain", 2.0, 3), ("a", 5.0, 3), ("b", 7.0, 3)]
+    assert [r["same"] for r in rows] == [True, True, False]  # b's tokens differ from plain's
+
+
 @pytest.fixture(scope="module")
 def bench_dirs(tmp_path_factory):
     base = tmp_path_factory.mktemp("specbench")
@@ -122,6 +150,7 @@ def test_run_then_report_end_to_end(bench_dirs):
     (["--setups", "ngram:two"], "error: bad --setups, --batch or --temps"),
     (["--setups", "ngram:4:no_such_option=1"], "error: bad --setups, --batch or --temps"),
     (["--limit", "0", "--per-category", "0", "--humaneval", "0"], "error: no prompts selected"),
+    (["--reps", "0"], "error: --reps must be >= 1, got 0"),
     (["--target", "/nonexistent/model.gguf"], "error:"),
 ])
 def test_bad_options_are_one_error_line(bench_dirs, args, message):

@@ -4,8 +4,10 @@ For one target model, every combination of temperature (--temps) and batch size 
 --per-category prompts of each category of ../shared/data/prompts/specbench_dev.jsonl plus --humaneval
 prompts of humaneval_dev.jsonl, chat-templated, --new-tokens tokens each (EOS ignored, so every setup
 produces the same tokens' worth of work). Per unit (a prompt at batch 1, a group of `batch` consecutive
-prompts otherwise) plain decoding and every setup run back to back in one process; a call that
-compiled is run again (benchmarks/spec_harness.py has the row format and the definitions).
+prompts otherwise) plain decoding and every setup run back to back in one process, --reps times in
+rotated order, each row reporting its median repetition; a call that compiled is run again
+(benchmarks/spec_harness.py has the row format and the definitions). One repetition moves identical
+programs by up to ~15% on a shared 2-core machine: use --reps 3 for per-category figures.
 
 Rows are appended to --out as they finish, and a rerun with the same --out skips the units already
 measured, so an interrupted run loses nothing. `report.py` turns result files into the table and plot.
@@ -74,6 +76,8 @@ def plan(args) -> tuple[dict, list[tuple[int, float, list[dict]]]]:
         raise fail(f"cannot read the prompt sets: {e}") from None
     if not prompts:
         raise fail("no prompts selected (--per-category, --humaneval, --limit)")
+    if args.reps < 1:
+        raise fail(f"--reps must be >= 1, got {args.reps}")
     done = done_units(Path(args.out), list(setups))
     todo = [(b, t, u) for b in batches for t in temps for u in units(prompts, b)
             if (t, b, tuple(p["id"] for p in u)) not in done]
@@ -97,7 +101,7 @@ def run(args, setups: dict, todo: list) -> None:
         cfg = generate_config(args.new_tokens, batch, temp, seed=args.seed)
         meta = {"target": args.target, "weights": args.weights, "T": temp, "batch": batch,
                 "load": round(os.getloadavg()[0], 2)}
-        rows = list(measure_unit(plain, gens, setups, unit, cfg, meta))
+        rows = list(measure_unit(plain, gens, setups, unit, cfg, meta, args.reps))
         with out.open("a") as f:  # a unit lands whole or not at all
             f.write("".join(json.dumps(r) + "\n" for r in rows))
         base = rows[0]["wall_s"]
@@ -120,6 +124,7 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(SHARED), help="folder of specbench_dev.jsonl and humaneval_dev.jsonl")
     ap.add_argument("--limit", type=int, default=0, help="only the first N prompts of that list (0: all)")
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=1, help="repetitions per unit, rotated; rows keep the median")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

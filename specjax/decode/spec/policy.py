@@ -163,6 +163,13 @@ def run(ctx: RoundContext, s: SpecState) -> SpecState:
     return run_cheap(ctx, s) if ctx.cheap else run_costly(ctx, s)
 
 
+def backed_off(s: SpecState, max_gap: int) -> SpecState:
+    """After a probe: the plain streak restarts and the gap to the next probe doubles (up to max_gap)."""
+    pol = s.policy
+    return s.replace(policy=pol.replace(plain_streak=jnp.zeros_like(pol.plain_streak),
+                                        probe_gap=jnp.minimum(2 * pol.probe_gap, max_gap)))
+
+
 def run_cheap(ctx: RoundContext, s: SpecState) -> SpecState:
     """A cheap drafter proposes in *probes*: the carry holds the latest proposal, which a speculative
     round verifies (`chosen`) or the next plain round follows as a shadow. While the averages stay under
@@ -179,10 +186,7 @@ def run_cheap(ctx: RoundContext, s: SpecState) -> SpecState:
 
     def probe(c):
         s, draft, state_bt = propose(ctx, c[0])
-        pol = s.policy
-        pol = pol.replace(plain_streak=jnp.zeros_like(pol.plain_streak),
-                          probe_gap=jnp.minimum(2 * pol.probe_gap, adapt.cheap_max_gap))
-        return s.replace(policy=pol), draft, state_bt
+        return backed_off(s, adapt.cheap_max_gap), draft, state_bt
 
     def spec_fn(c):
         s, draft, state_bt = propose(ctx, spec_round(ctx, *c))
@@ -222,10 +226,7 @@ def run_costly(ctx: RoundContext, s: SpecState) -> SpecState:
 
     def probe_costly(c):
         s, draft, _ = propose(ctx, c[0])
-        s = plain_round(ctx, s, draft)
-        pol = s.policy
-        return (s.replace(policy=pol.replace(plain_streak=jnp.zeros_like(pol.plain_streak),
-                                             probe_gap=jnp.minimum(2 * pol.probe_gap, adapt.max_probe_every))),)
+        return (backed_off(plain_round(ctx, s, draft), adapt.max_probe_every),)
 
     def spec_costly(c):
         s = spec_round(ctx, *propose(ctx, c[0]))

@@ -48,6 +48,12 @@ class BackendProfile:
       blockwise: multiply low-precision matrices a block of output rows at a time inside a
         `lax.scan` (XLA:CPU); False: dequantize the whole matrix and call one dot_general.
       block_bytes: float32 bytes of one converted block of a decoder matrix (cache-resident).
+      min_block_rows: at least this many output rows per block of a many-row product, however wide
+        the matrix: the GEMM of a block is slow with few output columns (Qwen's 1536 × 8960 down
+        projection at 9 rows: 14 ms in blocks of 32 rows, 7 ms in blocks of 256).
+      gemv_max_cols: one-row products of low-precision matrices run as fused matrix-vector dots
+        over chunks of at most this many input columns (`BlockQuant.gemv`); 0: off. XLA:CPU fuses
+        the conversion into such a dot only while the vector is under 16 KiB: 4,095 float32.
       head_chunk_rows: rows of the head's blocks (its one-row product is fused, quant.py).
       head_blockwise_rows: up to this many rows the head uses its blocks when a float32 table
         also exists (beyond it the float32 GEMM); without a float32 table, always.
@@ -64,6 +70,8 @@ class BackendProfile:
     compiler_options: tuple[tuple[str, object], ...] = ()
     blockwise: bool = False
     block_bytes: int = 3 << 19  # 1.5 MiB: Gemma gate 512 rows, Qwen gate 256 rows (fits a 2 MiB L2)
+    min_block_rows: int = 256
+    gemv_max_cols: int = 0
     head_chunk_rows: int = CHUNK_ROWS
     head_blockwise_rows: int = 0
     prefill_chunk: int = 2048
@@ -84,7 +92,7 @@ class BackendProfile:
 
 CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
                      compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())),
-                     blockwise=True, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512)
+                     blockwise=True, gemv_max_cols=4095, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512)
 ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
                              first_token_cond=False)
 

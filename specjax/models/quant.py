@@ -13,9 +13,10 @@ loop fusion, nothing materialised (27.7 vs 44.4 ms per step, docs/performance.md
 
 The head: a single row through the fused product, 2–64 rows (speculative verification,
 batches) through `matmul_chunked`, which converts one block of rows at a time (a whole-table
-conversion would be materialised). For the decoder's own linear maps the fused loop recomputes
-the producer (RMSNorm, GeGLU) per output element, so they always go through `matmul_chunked`
-(weight_formats.packed_product). Both paths hold bit-identical weights —
+conversion would be materialised). The decoder's own linear maps (weight_formats.packed_product)
+take one row through `gemv` (fused matrix-vector dots inside a `lax.scan`, whose loop boundary
+keeps the producer — RMSNorm, GeGLU — from being recomputed per output element) and more rows
+through `matmul_chunked`. All paths hold bit-identical weights —
 conversion checks it against the gguf package's dequantisation and keeps float32 only
 otherwise — so the choice changes nothing but the order of a dot product's additions.
 """
@@ -152,6 +153,54 @@ class BlockQuant(nnx.Module):
         _, pick_mr = jax.lax.top_k(flat(val_nmr), r)
         return jnp.take_along_axis(flat(idx_nmr), pick_mr, axis=1)
 
+    def gemv(self, x_1i: jax.Array, rows: int, cols: int) -> jax.Array:
+        """[1, in] → [1, out] as fused matrix-vector products over blocks of `rows` × `cols` values.
+
+        XLA:CPU fuses a block's conversion into its matrix-vector dot (nothing materialised, the
+        values read once) only while the vector is under 16 KiB (`gemv_columns`); past that it
+        writes a transposed float32 copy of the block first, 10–20× slower (Qwen's 8,960-wide
+        down projection). So the scan runs over (row block, column chunk) pairs and sums the
+        chunks. 4-bit pairs are two parts (low nibbles: columns [0, in / 2), high: the rest), each
+        its own dot: a concatenation of the nibbles inside the fused loop costs 2× (a select per
+        value). Each part's dot is its own scan output, so XLA cannot fuse the sum into one of
+        them (an output fusion would break the other's producer fusion).
+        """
+        values, scale, offset = self.values[...], _get(self.scale), _get(self.offset)
+        out_dim, width = values.shape
+        parts = (lambda v: v & 15, lambda v: v >> 4) if values.dtype == jnp.uint8 else (lambda v: v,)
+        nb = 1 if scale is None else scale.shape[1]
+        per_chunk = max(cols * nb // self.shape[1], 1)  # scale blocks per chunk
+        n_rows, n_cols = out_dim // rows, width // cols
+        x_pci = x_1i.astype(jnp.float32).reshape(len(parts), n_cols, cols)
+
+        def block(_, k):
+            r, c = k // n_cols, k % n_cols
+            v = jax.lax.dynamic_slice(values, (r * rows, c * cols), (rows, cols))
+
+            def blocks(a, p):
+                if a is None:
+                    return None
+                start = 0 if nb == 1 else p * (nb // len(parts)) + c * per_chunk
+                return jax.lax.dynamic_slice(a, (r * rows, start), (rows, min(per_chunk, nb)))
+
+            return None, tuple(
+                jax.lax.dynamic_index_in_dim(x_pci[p], c, 0) @ _affine(part(v), blocks(scale, p), blocks(offset, p)).T
+                for p, part in enumerate(parts))
+
+        outs = jax.lax.scan(block, None, jnp.arange(n_rows * n_cols))[1]  # parts × [n_rows · n_cols, 1, rows]
+        return sum(outs).reshape(n_rows, n_cols, rows).sum(axis=1).reshape(1, out_dim)
+
+    def gemv_columns(self, max_cols: int) -> int | None:
+        """Columns per chunk for `gemv`: the widest divisor of a part's width within max_cols that holds
+        whole scale blocks, or None when no chunk fits (then use `matmul_chunked`)."""
+        width = self.values.shape[1]
+        nb = 1 if self.scale is None else self.scale.shape[1]
+        block = self.shape[1] // nb  # columns per scale block
+        for cols in range(min(width, max_cols), 0, -1):
+            if width % cols == 0 and (nb == 1 or cols % block == 0):
+                return cols
+        return None
+
     def _scan_blocks(self, x_mi: jax.Array, chunk: int, out_fn):
         """Stacks out_fn(x @ Wᵀ restricted to each block of `chunk` output rows) over the blocks."""
         o, i = self.shape
@@ -175,6 +224,11 @@ def _dequantize(values, scale, offset) -> jax.Array:
     """float32 [rows, in] from values [rows, in] (int8 / bfloat16) or [rows, in / 2] (uint8 4-bit pairs)."""
     if values.dtype == jnp.uint8:
         values = jnp.concatenate([values & 15, values >> 4], axis=-1)
+    return _affine(values, scale, offset)
+
+
+def _affine(values, scale, offset) -> jax.Array:
+    """float32 values · scale (− offset), scale / offset [rows, nb] per block of in / nb columns."""
     w = values.astype(jnp.float32)
     if scale is None:
         return w

@@ -13,12 +13,14 @@ Every linear map of the blocks, the embedding and the head take the format; norm
 float32. Inside the jitted step a matrix is dequantized and multiplied as the backend's
 profile says (`backend_profile.profile_for`, the one backend switch):
 
-- XLA:CPU converts one cache-sized block of output rows at a time inside a `lax.scan`, for one row
-  and many alike. The scan does two things: the product's input arrives computed (a loop boundary
-  is opaque to fusion; fused into a gemv, XLA recomputed RMSNorm / GeGLU per output element, which
-  made a fused int8 body slower than float32), and a few-row product reads a cache-resident float32
-  block instead of packing a whole converted matrix for a GEMM (the multi-row cliff of
-  docs/performance.md). The head's one-row product keeps its fused form (quant.py).
+- XLA:CPU multiplies inside a `lax.scan` over blocks. The scan makes the product's input arrive
+  computed (a loop boundary is opaque to fusion; fused into a gemv, XLA recomputed RMSNorm / GeGLU
+  per output element, which made a fused int8 body slower than float32). One row (batch-1 decode)
+  runs fused matrix-vector dots over (row block, column chunk) pairs, chunks under XLA's 16 KiB
+  vector limit for fusing the conversion into the dot (`BlockQuant.gemv`: Qwen's 8,960-wide down
+  projection went from ~5–20 ms to 1.3 ms). More rows convert one cache-sized block of ≥ 256 output
+  rows at a time and multiply it, instead of packing a whole converted matrix for a GEMM (the
+  multi-row cliff of docs/performance.md). The head's one-row product keeps its fused form (quant.py).
 - Other backends dequantize and call one `dot_general` (XLA fuses the conversion on GPU / TPU).
 """
 
@@ -47,10 +49,11 @@ def resolve_weights(name: str) -> str:
     return name
 
 
-def block_rows(out_dim: int, in_dim: int, block_bytes: int) -> int:
-    """Output rows per converted block: the largest divisor of out_dim within block_bytes of float32,
-    at most half of out_dim (a one-block scan is removed by XLA, and its fusion shield with it)."""
-    target = max(1, min(block_bytes // (4 * in_dim), out_dim // 2))
+def block_rows(out_dim: int, in_dim: int, block_bytes: int, min_rows: int = 1) -> int:
+    """Output rows per converted block: the largest divisor of out_dim within block_bytes of float32 (or
+    min_rows, if more), at most half of out_dim (a one-block scan is removed by XLA, and its fusion
+    shield with it)."""
+    target = max(1, min(max(block_bytes // (4 * in_dim), min_rows), out_dim // 2))
     for rows in range(target, 0, -1):
         if out_dim % rows == 0:
             return rows
@@ -62,8 +65,11 @@ def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
     prof = profile_for()
     o, i = packed.shape
     x_mi = x.reshape(-1, i)
-    if prof.blockwise:
-        y = packed.matmul_chunked(x_mi, block_rows(o, i, prof.block_bytes))
+    cols = packed.gemv_columns(prof.gemv_max_cols) if x_mi.shape[0] == 1 and prof.gemv_max_cols else None
+    if cols is not None:
+        y = packed.gemv(x_mi, block_rows(o, cols, prof.block_bytes), cols)
+    elif prof.blockwise:
+        y = packed.matmul_chunked(x_mi, block_rows(o, i, prof.block_bytes, prof.min_block_rows))
     else:
         y = jax.lax.dot_general(x_mi, packed.dequantized().astype(x.dtype), (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)

@@ -151,6 +151,57 @@ def test_accelerator_profile_computes_the_same_product(fmt, monkeypatch):
     np.testing.assert_allclose(full_logits(model, tokens), cpu, rtol=1e-5, atol=1e-5)
 
 
+def random_packed(fmt: str, shape: tuple[int, int], group: int = 32) -> dict[str, np.ndarray]:
+    w = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    return wf.quantize_int8(w, group) if fmt == "int8" else wf.pack_matrix(w, fmt)
+
+
+@pytest.mark.parametrize("fmt,group,max_cols,cols", [
+    ("int8", 32, 64, 64), ("int8", 256, 100, 64), ("int8", 256, 4095, 256), ("int8", 32, 4095, 256),
+    ("q4", 32, 64, 64), ("q4", 32, 4095, 128), ("bfloat16", 32, 80, 64)])
+def test_gemv_in_column_chunks_equals_the_dequantized_product(fmt, group, max_cols, cols):
+    """One-row products summed over (row block, column chunk) pairs, 4-bit halves as two parts."""
+    arrays = random_packed(fmt, (96, 256), group)
+    packed = BlockQuant(*(arrays.get(k) for k in ("values", "scale", "offset")))
+    assert packed.gemv_columns(max_cols) == cols
+    x = np.random.default_rng(7).standard_normal((1, 256)).astype(np.float32)
+    y = jax.jit(lambda p, x: p.gemv(x, 24, cols))(packed, jnp.asarray(x))
+    np.testing.assert_allclose(np.asarray(y), x @ dequantized_np(arrays).T, rtol=1e-5, atol=1e-4)
+
+
+def unfused_dots(hlo: str) -> int:
+    """Dots in optimised HLO whose computation converts nothing: their matrix was materialised in float32."""
+    count, body = 0, []
+    for line in hlo.splitlines():
+        if line.endswith("{") and not line.startswith(" "):
+            body = []
+        elif line == "}":
+            count += any(" dot(" in b for b in body) and not any(" convert(" in b for b in body)
+        else:
+            body.append(line)
+    return count
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_one_row_products_convert_inside_the_dot_even_when_wide(fmt):
+    """Past 4,095 columns XLA:CPU stops fusing the conversion into a one-row dot and writes a transposed
+    float32 copy of every block (~15× slower); `gemv` chunks the columns so every dot stays fused."""
+    packed = BlockQuant(*(random_packed(fmt, (64, 8960)).get(k) for k in ("values", "scale", "offset")))
+    x = jnp.ones((1, 8960), jnp.float32)
+
+    def hlo(fn):
+        return jax.jit(fn).lower(packed, x).compile().as_text()
+
+    assert unfused_dots(hlo(wf.packed_product)) == 0
+    assert unfused_dots(hlo(lambda p, x: p.matmul_chunked(x, 32))) > 0  # the check can fail
+
+
+def test_gemv_columns_refuses_chunks_that_split_a_scale_block():
+    arrays = random_packed("int8", (8, 256), 128)
+    assert BlockQuant(arrays["values"], arrays["scale"]).gemv_columns(100) is None
+    assert BlockQuant(arrays["values"], arrays["scale"]).gemv_columns(128) == 128
+
+
 def test_block_rows_never_make_a_one_block_scan():
     assert wf.block_rows(2048, 640, 1 << 20) == 256
     assert wf.block_rows(256, 640, 1 << 20) == 128  # fits one block, split in two

@@ -53,11 +53,13 @@ PPL_TEXT = (  # a fixed text for perplexity (public-domain style prose and code)
 
 
 def continuations(model, tok, prompts: list[str], n: int) -> list[list[int]]:
-    """n greedy tokens per prompt (the decode loop, EOS ignored), all prompts in one batch: one program."""
+    """n greedy tokens per prompt (the decode loop, EOS ignored), at batch 1: one-row products are the
+    decode path users run most and have their own kernels (`BlockQuant.gemv`); the many-row ones are
+    read by `teacher_forced`."""
     from specjax.decode.generate import GenerateConfig, Generator
 
     comps, _ = Generator(model, tok).generate(prompts, GenerateConfig(max_new_tokens=n, ignore_eos=True,
-                                                                      batch_size=len(prompts)))
+                                                                      batch_size=1))
     return [c.tokens for c in comps]
 
 

@@ -56,11 +56,6 @@ def timed(fn, x, packed, reps: int) -> float:
     return statistics.median(times) / LOOP * 1e3
 
 
-def packed_matrix(w: np.ndarray, fmt: str) -> BlockQuant:
-    arrays = wf.pack_matrix(w, fmt)
-    return BlockQuant(*(arrays.get(k) for k in ("values", "scale", "offset")))
-
-
 def paths(packed: BlockQuant | None, rows: int):
     """{path: product fn} available for this matrix and number of rows."""
     if packed is None:
@@ -88,7 +83,7 @@ def main() -> None:
     for name, o, i, count in SHAPES[args.model]:
         w = rng.standard_normal((o, i)).astype(np.float32)
         for fmt in ("float32", "int8", "q4"):
-            packed = None if fmt == "float32" else packed_matrix(w, fmt)
+            packed = None if fmt == "float32" else BlockQuant.from_arrays(wf.pack_matrix(w, fmt))
             operand = jnp.asarray(w.T) if packed is None else packed
             for rows in (1, args.rows):
                 x = jnp.asarray(rng.standard_normal((rows, i)), jnp.float32)

@@ -135,7 +135,7 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
         for name in matrices:
             parts = {k: jnp.asarray(f.get_tensor(f"{name}:{k}")) for k in ("values", "scale", "offset")
                      if f"{name}:{k}" in keys}
-            bq = BlockQuant(parts["values"], parts.get("scale"), parts.get("offset"))
+            bq = BlockQuant.from_arrays(parts)
             want = expected[name][::-1] if name.endswith(".w") else expected[name]
             if bq.shape != tuple(want):
                 raise WeightsError(f"{source} does not match the model: {name} is {bq.shape}, expected {want}")

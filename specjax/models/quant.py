@@ -76,6 +76,17 @@ class BlockQuant(nnx.Module):
         self.scale = None if scale_ob is None else QuantBuffer(jnp.asarray(scale_ob, jnp.float32))
         self.offset = None if offset_ob is None else QuantBuffer(jnp.asarray(offset_ob, jnp.float32))
 
+    @classmethod
+    def from_arrays(cls, arrays) -> BlockQuant:
+        """From a mapping with "values" and optional "scale" / "offset" (what `weight_formats.pack_matrix`,
+        `block_quant_from_gguf` and the packed cache hold)."""
+        return cls(arrays["values"], arrays.get("scale"), arrays.get("offset"))
+
+    @property
+    def n_blocks(self) -> int:
+        """Scale blocks per row (1: per output channel, or no scale)."""
+        return 1 if self.scale is None else self.scale.shape[1]
+
     @property
     def shape(self) -> tuple[int, int]:
         """(out, in) of the matrix the values stand for."""
@@ -168,8 +179,8 @@ class BlockQuant(nnx.Module):
         values, scale, offset = self.values[...], _get(self.scale), _get(self.offset)
         out_dim, width = values.shape
         parts = (lambda v: v & 15, lambda v: v >> 4) if values.dtype == jnp.uint8 else (lambda v: v,)
-        nb = 1 if scale is None else scale.shape[1]
-        per_chunk = max(cols * nb // self.shape[1], 1)  # scale blocks per chunk
+        nb = self.n_blocks
+        per_chunk = 1 if nb == 1 else cols * nb // self.shape[1]  # scale blocks per chunk
         n_rows, n_cols = out_dim // rows, width // cols
         x_pci = x_1i.astype(jnp.float32).reshape(len(parts), n_cols, cols)
 
@@ -181,7 +192,7 @@ class BlockQuant(nnx.Module):
                 if a is None:
                     return None
                 start = 0 if nb == 1 else p * (nb // len(parts)) + c * per_chunk
-                return jax.lax.dynamic_slice(a, (r * rows, start), (rows, min(per_chunk, nb)))
+                return jax.lax.dynamic_slice(a, (r * rows, start), (rows, per_chunk))
 
             return None, tuple(
                 jax.lax.dynamic_index_in_dim(x_pci[p], c, 0) @ _affine(part(v), blocks(scale, p), blocks(offset, p)).T
@@ -194,10 +205,9 @@ class BlockQuant(nnx.Module):
         """Columns per chunk for `gemv`: the widest divisor of a part's width within max_cols that holds
         whole scale blocks, or None when no chunk fits (then use `matmul_chunked`)."""
         width = self.values.shape[1]
-        nb = 1 if self.scale is None else self.scale.shape[1]
-        block = self.shape[1] // nb  # columns per scale block
+        block = self.shape[1] // self.n_blocks  # columns per scale block
         for cols in range(min(width, max_cols), 0, -1):
-            if width % cols == 0 and (nb == 1 or cols % block == 0):
+            if width % cols == 0 and (self.n_blocks == 1 or cols % block == 0):
                 return cols
         return None
 

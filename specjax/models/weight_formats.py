@@ -189,8 +189,7 @@ def pack_model(model, fmt: str) -> None:
     for name, w in weights.items():
         if is_matrix(name):
             w_oi = w.T if name.endswith(".w") else w
-            a = pack_matrix(np.ascontiguousarray(w_oi), fmt)
-            packed[name] = BlockQuant(a["values"], a.get("scale"), a.get("offset"))
+            packed[name] = BlockQuant.from_arrays(pack_matrix(np.ascontiguousarray(w_oi), fmt))
     attach_packed(model, packed)
 
 

@@ -21,7 +21,7 @@ def test_int8_copy_reproduces_gguf_dequantisation_bit_for_bit(qtype):
     t = FakeTensor(w, qtype)
     arrays = block_quant_from_gguf(t)
     assert arrays is not None and arrays["values"].dtype == np.int8
-    bq = BlockQuant(arrays["values"], arrays["scale"], arrays.get("offset"))
+    bq = BlockQuant.from_arrays(arrays)
     np.testing.assert_array_equal(np.asarray(bq.dequantized()), gguf.quants.dequantize(t.data, qtype))
 
 

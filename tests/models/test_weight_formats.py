@@ -162,7 +162,7 @@ def random_packed(fmt: str, shape: tuple[int, int], group: int = 32) -> dict[str
 def test_gemv_in_column_chunks_equals_the_dequantized_product(fmt, group, max_cols, cols):
     """One-row products summed over (row block, column chunk) pairs, 4-bit halves as two parts."""
     arrays = random_packed(fmt, (96, 256), group)
-    packed = BlockQuant(*(arrays.get(k) for k in ("values", "scale", "offset")))
+    packed = BlockQuant.from_arrays(arrays)
     assert packed.gemv_columns(max_cols) == cols
     x = np.random.default_rng(7).standard_normal((1, 256)).astype(np.float32)
     y = jax.jit(lambda p, x: p.gemv(x, 24, cols))(packed, jnp.asarray(x))
@@ -186,7 +186,7 @@ def unfused_dots(hlo: str) -> int:
 def test_one_row_products_convert_inside_the_dot_even_when_wide(fmt):
     """Past 4,095 columns XLA:CPU stops fusing the conversion into a one-row dot and writes a transposed
     float32 copy of every block (~15× slower); `gemv` chunks the columns so every dot stays fused."""
-    packed = BlockQuant(*(random_packed(fmt, (64, 8960)).get(k) for k in ("values", "scale", "offset")))
+    packed = BlockQuant.from_arrays(random_packed(fmt, (64, 8960)))
     x = jnp.ones((1, 8960), jnp.float32)
 
     def hlo(fn):
@@ -197,9 +197,9 @@ def test_one_row_products_convert_inside_the_dot_even_when_wide(fmt):
 
 
 def test_gemv_columns_refuses_chunks_that_split_a_scale_block():
-    arrays = random_packed("int8", (8, 256), 128)
-    assert BlockQuant(arrays["values"], arrays["scale"]).gemv_columns(100) is None
-    assert BlockQuant(arrays["values"], arrays["scale"]).gemv_columns(128) == 128
+    packed = BlockQuant.from_arrays(random_packed("int8", (8, 256), 128))
+    assert packed.gemv_columns(100) is None
+    assert packed.gemv_columns(128) == 128
 
 
 def test_block_rows_never_make_a_one_block_scan():

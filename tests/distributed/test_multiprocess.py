@@ -36,6 +36,7 @@ TRAIN_MESHES = {"fsdp_8": (8, 1, "default"), "fsdp_4_tp_2": (4, 2, "interleaved"
 # Seconds for all processes of one launch. Measured (2 cores shared with other jobs, load average 19):
 # decode 419 s, train 377 s; their CPU time was ~100 s each (~1-2 min on 2 idle cores).
 LAUNCH_TIMEOUT = 600
+STACK_DUMP_EVERY = 150
 
 
 def _free_port() -> int:
@@ -62,6 +63,26 @@ def _env(devices: int, **extra: str) -> dict:
                 XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(), **extra)
 
 
+def _tails(logs: list[Path], head: int = 2500, tail: int = 1500) -> str:
+    """Every process's log without gloo's connection lines, its start and its end: when one process fails,
+    the error that started it is often early (a traceback before JAX's minutes-long shutdown barrier
+    fills the end), and the other's log says where it waits (the stacks `_watchdog` dumped)."""
+    out = []
+    for i, log in enumerate(logs):
+        text = "\n".join(line for line in log.read_text(errors="replace").splitlines() if not line.startswith("[Gloo]"))
+        shown = text if len(text) <= head + tail else f"{text[:head]}\n[...]\n{text[-tail:]}"
+        out.append(f"--- process {i}\n{shown}")
+    return "\n".join(out)
+
+
+def _watchdog() -> None:
+    """In a worker: every STACK_DUMP_EVERY seconds, the stacks of all its threads into its log, so a
+    process stuck where no error is raised (a barrier, a lock) shows where."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(STACK_DUMP_EVERY, repeat=True)
+
+
 def launch(mode: str, out_dir: Path, processes: int, timeout: float) -> list[dict]:
     """Runs this file as `processes` connected processes of LOCAL_DEVICES CPU devices; their reports.
 
@@ -81,13 +102,12 @@ def launch(mode: str, out_dir: Path, processes: int, timeout: float) -> list[dic
         deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             failed = [i for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-            assert not failed, f"process {failed[0]} failed:\n{logs[failed[0]].read_text()[-4000:]}"
+            assert not failed, f"process {failed[0]} failed:\n{_tails(logs)}"
             assert time.monotonic() < deadline, (
-                f"{mode}: {processes} process(es) still running after {timeout:.0f} s (a hang?):\n"
-                + "\n".join(f"--- process {i}\n{log.read_text()[-2000:]}" for i, log in enumerate(logs)))
+                f"{mode}: {processes} process(es) still running after {timeout:.0f} s (a hang?):\n{_tails(logs)}")
             time.sleep(0.2)
         for i, p in enumerate(procs):
-            assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-4000:]}"
+            assert p.returncode == 0, f"process {i} failed:\n{_tails(logs)}"
     finally:
         for p in procs:
             if p.poll() is None:
@@ -306,6 +326,7 @@ def _train_worker(out_dir: Path) -> dict:
 
 
 if __name__ == "__main__":
+    _watchdog()
     if sys.argv[1] not in ("cli", "train_cli"):  # the CLIs join the processes themselves (distributed=true)
         from specjax.distributed import initialize
 

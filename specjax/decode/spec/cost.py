@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.decode.spec.drafters.base import is_cheap
+from specjax.models.quant import BlockQuant
 
 STEP_FIXED = 0.03
 UNDECLARED_STEP = 0.5
@@ -55,6 +56,20 @@ def blocks_bytes(model, layers=None) -> int:
 def target_bytes(model) -> int:
     """Bytes a plain target step reads: every block and the vocabulary-wide head."""
     return blocks_bytes(model) + head_bytes(model)
+
+
+def packed_share(model, profile) -> float:
+    """The share of a plain step's weight bytes in packed decoder matrices that the backend multiplies by
+    one row faster than by many (`BackendProfile.gemv_max_cols`); 0 without such a one-row path.
+
+    On XLA:CPU a one-row product of a packed matrix is a fused matrix-vector dot (`BlockQuant.gemv`)
+    while the k+1 rows of a verify forward dequantize block by block, so packed weights make a verify
+    forward dearer in plain steps than float32 ones do (`policy.estimated_verify_cost`).
+    """
+    if not profile.gemv_max_cols:
+        return 0.0
+    packed = sum(nbytes(node) for _, node in nnx.iter_graph(model.blocks) if isinstance(node, BlockQuant))
+    return packed / target_bytes(model)
 
 
 def step_fraction(model, bytes_read: int) -> float:

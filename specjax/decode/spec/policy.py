@@ -35,11 +35,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.decode.spec.cost import max_accept
 from specjax.decode.spec.drafters.base import Draft
 from specjax.decode.spec.rounds import DEFAULT_EMA_WEIGHT, RoundContext, plain_round, propose, spec_round
 from specjax.decode.spec.state import SpecState
 from specjax.models.quant import MAX_CHUNKED_ROWS
+
+# A batch-1 verify forward's extra cost per unit of `cost.packed_share` (see estimated_verify_cost).
+PACKED_VERIFY_EXTRA = 0.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,43 +90,48 @@ class Adaptive:
         """The floor of the bar: min_expected_accept capped at 3/4 of k."""
         return min(self.min_expected_accept, 0.75 * k)
 
-    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
         """A speculative round's cost in plain rounds; `draft_cost` is what the drafter's k-token draft
-        costs in plain rounds (0 for cheap drafters)."""
-        return estimated_verify_cost(b, k, greedy) + draft_cost if self.verify_cost is None else self.verify_cost
+        costs in plain rounds (0 for cheap drafters), `packed` the target's `cost.packed_share`."""
+        if self.verify_cost is not None:
+            return self.verify_cost
+        return estimated_verify_cost(b, k, greedy, packed) + draft_cost
 
-    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0) -> float:
+    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
         """The mean expected accepted draft tokens per live row a speculative round needs."""
-        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost) - 1.0)
+        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost, packed) - 1.0)
 
-    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> bool:
+    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0) -> bool:
         """Whether a round that accepts all it can (max_accept + 1 tokens) gains less than min_best_gain."""
-        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost)
+        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost, packed)
 
-    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int) -> str:
+    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0) -> str:
         """Why speculation is off, for the stats line ("" when it is on)."""
-        if not self.off(b, k, greedy, draft_cost, max_accept):
+        if not self.off(b, k, greedy, draft_cost, max_accept, packed):
             return ""
-        cost = self.round_cost(b, k, greedy, draft_cost)
+        cost = self.round_cost(b, k, greedy, draft_cost, packed)
         return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
                 f"{max_accept + 1} tokens, a best case below {self.min_best_gain:g}x (override: min_best_gain / "
                 f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
 
 
-def estimated_verify_cost(b: int, k: int, greedy: bool) -> float:
+def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> float:
     """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
 
     Measured on 2-core XLA:CPU (docs/benchmarks.md, "verify cost"). Batch 1, whole rounds: Qwen2.5-Coder
     1.5B greedy 2.67 (k=4) / 3.40 (k=8) / 3.86 (k=12), sampled 2.38 / 2.93 / 3.35; Gemma 3 270M k=8
     2.9-3.3 greedy, 2.8-3.6 sampled — modelled as 1.8 + 0.18 k (beyond one row XLA:CPU's GEMM repacks
-    the weights). Batch 8, Gemma: greedy 2.09 / 3.47, sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS block
-    rows the head is one float32 product whose full logits sampling also normalises — modelled as
-    1 + k · per-row cost. Other backends: verification is nearly free next to a step.
+    the weights). Packed weights (`packed`: `cost.packed_share`, the share of a step's bytes in packed
+    decoder matrices) make the plain step a fused matrix-vector dot that the verify forward cannot use:
+    the batch-1 estimate grows by PACKED_VERIFY_EXTRA x packed. Batch 8, Gemma: greedy 2.09 / 3.47,
+    sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS block rows the head is one float32 product whose full
+    logits sampling also normalises — modelled as 1 + k · per-row cost (packed or not: a batch-8 plain
+    step multiplies many rows too). Other backends: verification is nearly free next to a step.
     """
     if jax.default_backend() != "cpu":
         return 1.0 + 0.05 * k
     if b == 1:
-        return 1.8 + 0.18 * k
+        return (1.8 + 0.18 * k) * (1.0 + PACKED_VERIFY_EXTRA * packed)
     per_row = 0.3 if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS else 0.9
     return 1.0 + per_row * k
 
@@ -133,7 +140,7 @@ def wants(ctx: RoundContext, s: SpecState, has_draft_b=None) -> jax.Array:
     """Whether the batch's mean expected accepted tokens per live row reaches the bar (`Adaptive`)."""
     live_b = ~s.row.done_b
     gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.policy.accept_ema_b, 0.0)
-    bar = ctx.adapt.bar(live_b.shape[0], ctx.k, ctx.sampling.greedy, ctx.drafting_cost)
+    bar = ctx.bar(live_b.shape[0])
     return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
 
 
@@ -158,7 +165,7 @@ def run(ctx: RoundContext, s: SpecState) -> SpecState:
     if ctx.adapt is None:
         return jax.lax.while_loop(running, lambda s: spec_round(ctx, *propose(ctx, s)), s)
     b = s.row.done_b.shape[0]
-    if ctx.adapt.off(b, ctx.k, ctx.sampling.greedy, ctx.drafting_cost, max_accept(ctx.drafter, ctx.k)):
+    if ctx.policy_off(b):
         return jax.lax.while_loop(running, lambda s: plain_round(ctx, s), s)  # even perfect drafts would not pay
     return run_cheap(ctx, s) if ctx.cheap else run_costly(ctx, s)
 

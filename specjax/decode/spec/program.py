@@ -106,7 +106,7 @@ def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, fir
     adapt = ctx.adapt
     probe_every = 0 if adapt is None else 1 if ctx.cheap else adapt.probe_every
     blind = adapt is not None and ctx.cheap and ctx.sampling.greedy
-    first_ema = adapt.bar(b, ctx.k, ctx.sampling.greedy) if blind else 0.0
+    first_ema = ctx.bar(b) if blind else 0.0
     row = SpecRow(
         cache=cache,
         hist_bl=jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt),

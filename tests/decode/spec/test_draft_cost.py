@@ -9,12 +9,16 @@ from flax import nnx
 from test_spec_rounds import CountingDrafter
 
 from specjax.decode import DraftModelDrafter, EagleDrafter, LayerSkipDrafter, MedusaDrafter, NgramDrafter, StaticTree
+from specjax.decode.sampling import SamplingConfig
 from specjax.decode.spec import cost
 from specjax.decode.spec.drafters.chain import reduced_head
-from specjax.decode.spec.policy import Adaptive, estimated_verify_cost
+from specjax.decode.spec.policy import PACKED_VERIFY_EXTRA, Adaptive, estimated_verify_cost
+from specjax.decode.spec.rounds import RoundContext
 from specjax.models import EagleConfig, EagleHead, HeadTable, MedusaConfig, MedusaHeads, Transformer
+from specjax.models.backend_profile import profile_for
 from specjax.models.config import gemma3_270m
 from specjax.models.quant import BlockQuant
+from specjax.models.weight_formats import iter_linears, pack_model
 
 
 def abstract_gemma() -> Transformer:
@@ -98,6 +102,32 @@ def test_the_bar_adds_the_draft_cost_unless_the_round_cost_is_given():
     assert policy.bar(1, 4, True) == 2.0  # the floor: a free draft's round costs 2.52 plain rounds
     assert policy.bar(1, 4, True, draft_cost=2.5) == pytest.approx(estimated_verify_cost(1, 4, True) + 2.5 - 1)
     assert Adaptive(verify_cost=1.5).bar(1, 4, True, draft_cost=2.5) == 2.0  # verify_cost covers the round
+
+
+@pytest.mark.parametrize("fmt", ["int8", "q4"])
+def test_packed_blocks_make_a_batch_1_verify_dearer_where_one_row_has_its_own_path(fmt):
+    """On XLA:CPU a packed matrix times one row is a fused matrix-vector dot while k+1 rows dequantize
+    block by block: the batch-1 verify estimate grows with the packed share of a step's bytes; batch 8
+    (many rows either way) and a backend without the one-row path (`gemv_max_cols` 0) do not change."""
+    model = Transformer(tiny_config(), rngs=nnx.Rngs(0))
+    cpu, accelerator = profile_for("cpu"), profile_for("gpu")
+    assert cost.packed_share(model, cpu) == 0.0  # float32: nothing packed
+    pack_model(model, fmt)
+    in_blocks = sum(cost.nbytes(lin.packed) for name, lin in iter_linears(model) if name.startswith("blocks."))
+    share = cost.packed_share(model, cpu)
+    assert 0.0 < share < 1.0 and share == pytest.approx(in_blocks / cost.target_bytes(model))
+    assert cost.packed_share(model, accelerator) == 0.0
+    for k in (4, 8):
+        assert estimated_verify_cost(1, k, True, share) == pytest.approx(
+            estimated_verify_cost(1, k, True) * (1 + PACKED_VERIFY_EXTRA * share))
+        assert estimated_verify_cost(8, k, True, share) == estimated_verify_cost(8, k, True)
+    policy = Adaptive()
+    assert policy.bar(1, 8, True, 0.0, share) > policy.bar(1, 8, True)
+    assert Adaptive(verify_cost=2.5).bar(1, 8, True, 0.0, share) == 2.0  # a given round cost covers it
+    ctx = RoundContext.create(model, (), 8, NgramDrafter(), SamplingConfig(), 0.0, 1.0, 16, (), None,
+                              adapt=policy, profile=cpu)
+    assert ctx.packed == share and ctx.bar(1) == policy.bar(1, 8, True, 0.0, share)
+    assert not ctx.policy_off(1)  # 9 tokens for ~3.9 plain steps: still worth probing
 
 
 def test_deep_layer_skip_is_switched_off_on_cpu_but_a_shallow_small_head_is_not():

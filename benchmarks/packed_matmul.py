@@ -1,7 +1,7 @@
 """One packed matrix product on XLA:CPU, per path: what a decoder layer's matrices cost per step.
 
-For each matrix shape of a model's layer and each format (int8 per 32, q4 per 32, float32 as the
-baseline), the median time of one product inside a jitted `fori_loop` (so loop-invariant code motion
+For each matrix shape of a model's layer and each format of --formats (bfloat16, int8 per 32, q4 per
+32, float32 as the baseline), the median time of one product inside a jitted `fori_loop` (so loop-invariant code motion
 is in play, as in the decode loop), at one row (batch-1 decode) and at `--rows` (k+1 verification or a
 batch), for the paths `weight_formats.packed_product` can take:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import jax
@@ -37,6 +38,7 @@ SHAPES = {
                     ("down", 640, 2048, 1)],
 }
 LOOP = 8  # products per jitted call
+FORMATS = ("float32", "bfloat16", "int8", "q4")
 
 
 def timed(fn, x, packed, reps: int) -> float:
@@ -68,21 +70,30 @@ def paths(packed: BlockQuant | None, rows: int):
     return out
 
 
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", choices=sorted(SHAPES))
     ap.add_argument("--rows", type=int, default=9, help="the many-row case (k+1 or a batch)")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--formats", default="float32,bfloat16,int8,q4")
     args = ap.parse_args()
+    formats = args.formats.split(",")
     if args.rows < 2 or args.reps < 1:
-        raise SystemExit("error: --rows must be ≥ 2 and --reps ≥ 1")
+        fail("--rows must be ≥ 2 and --reps ≥ 1")
+    if unknown := [f for f in formats if f not in FORMATS]:
+        fail(f"--formats: unknown {', '.join(map(repr, unknown))} (known: {', '.join(FORMATS)})")
     rng = np.random.default_rng(0)
     layer: dict[tuple, float] = {}
     print(f"{args.model}, XLA:CPU, ms per product (median of {args.reps})\n")
     print("| matrix | out × in | format | rows | path | ms |\n| --- | --- | --- | --- | --- | --- |")
     for name, o, i, count in SHAPES[args.model]:
         w = rng.standard_normal((o, i)).astype(np.float32)
-        for fmt in ("float32", "int8", "q4"):
+        for fmt in formats:
             packed = None if fmt == "float32" else BlockQuant.from_arrays(wf.pack_matrix(w, fmt))
             operand = jnp.asarray(w.T) if packed is None else packed
             for rows in (1, args.rows):

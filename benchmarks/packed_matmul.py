@@ -1,9 +1,9 @@
 """One packed matrix product on XLA:CPU, per path: what a decoder layer's matrices cost per step.
 
 For each matrix shape of a model's layer and each format of --formats (bfloat16, int8 per 32, q4 per
-32, float32 as the baseline), the median time of one product inside a jitted `fori_loop` (so loop-invariant code motion
-is in play, as in the decode loop), at one row (batch-1 decode) and at `--rows` (k+1 verification or a
-batch), for the paths `weight_formats.packed_product` can take:
+32, float32 as the baseline), the median time of one product inside a jitted `fori_loop` (so
+loop-invariant code motion is in play, as in the decode loop), at one row (batch-1 decode) and at
+`--rows` (k+1 verification or a batch), for the paths `weight_formats.packed_product` can take:
 
   gemv     BlockQuant.gemv: fused matrix-vector dots over (row block, column chunk) pairs (one row)
   blocks   BlockQuant.matmul_chunked: a scan over blocks of output rows, each converted, then a dot

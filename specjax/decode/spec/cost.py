@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.decode.spec.drafters.base import is_cheap
-from specjax.models.quant import BlockQuant
+from specjax.models.weight_formats import iter_linears
 
 STEP_FIXED = 0.03
 UNDECLARED_STEP = 0.5
@@ -68,7 +68,7 @@ def packed_share(model, profile) -> float:
     """
     if not profile.gemv_max_cols:
         return 0.0
-    packed = sum(nbytes(node) for _, node in nnx.iter_graph(model.blocks) if isinstance(node, BlockQuant))
+    packed = sum(nbytes(lin.packed) for _, lin in iter_linears(model.blocks) if lin.packed is not None)
     return packed / target_bytes(model)
 
 

@@ -8,7 +8,7 @@ Per batch size and mode, interleaved medians of `--reps` calls of jitted program
 holding 200 tokens: the plain step (one position per row, int8 one-row head, argmax or one draw) and
 the verification of k = 4 and 8 (block forward over k+1 positions per row, then the target's argmax,
 or sampled verification of a k-token draft), each run INNER times inside a `lax.while_loop` as decoding
-runs it (`looped`). With --sampler, also a draw from [B, 262144] logits by `jax.random.categorical`
+runs it. With --sampler, also a draw from [B, 262144] logits by `jax.random.categorical`
 vs `sampling.categorical` (the two-level inverse CDF).
 
     python benchmarks/verify_cost.py [--model gemma3-270m|qwen2.5-coder-1.5b-instruct|PATH] [--weights float32]
@@ -47,38 +47,15 @@ def medians(fns: dict, reps: int, per: int = 1) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in ts.items()}
 
 
-def looped(graphdef, b: int, k: int, run):
-    """f(params, cache, key) running INNER rounds in a `lax.while_loop`, as the decode loops do.
-
-    Each round writes the block [107, draft…] at positions CONTEXT … CONTEXT + k into the carried cache,
-    so no round is loop-invariant; `run(model, hidden_btd, key, live)` maps its hidden states to int32
-    tokens [B, …] (summed into the carry, so nothing is dead). Timings divide by INNER: a program that
-    runs a step once outside a loop is not the one decoding runs (no `live` counter, no loop fusion),
-    and on packed weights its one-row step was ~2x slower than decoding's.
-    """
+def round_program(graphdef, b: int, k: int, greedy: bool):
+    """k = 0: a plain step; else the verification of a k-token chain draft. The jitted f(params, cache, key)
+    runs INNER such rounds in a `lax.while_loop`, as decoding does (timings divide by INNER): a step run
+    once outside a loop is not decoding's program (no `live` counter, no loop fusion), and its packed
+    one-row step measured 2-4x slower than a decode step. Each round writes its block into the carried
+    cache and its tokens into the carried sum, so no round is loop-invariant or dead."""
     pos_b = jnp.full((b,), CONTEXT, jnp.int32)
 
-    def f(params, cache, key, draft_bk):
-        m = nnx.merge(graphdef, params)
-        block_bt = jnp.concatenate([jnp.full((b, 1), 107, jnp.int32), draft_bk], axis=1)
-
-        def body(c):
-            i, cache, acc = c
-            hidden_btd, cache = m(block_bt, pos_b[:, None] + jnp.arange(k + 1)[None], cache, pos_b)
-            hidden_btd = jax.lax.optimization_barrier(hidden_btd)  # as the loops keep the norm out of the head
-            out = run(m, hidden_btd, jax.random.fold_in(key, i), i)
-            return i + 1, cache, acc + jnp.sum(out)
-
-        return jax.lax.while_loop(lambda c: c[0] < INNER, body, (jnp.int32(0), cache, jnp.int32(0)))[2]
-
-    return jax.jit(f)
-
-
-def round_program(graphdef, b: int, k: int, greedy: bool):
-    """k = 0: a plain step; else the verification of a k-token chain draft (all rounds alike)."""
-
-    def run(m, hidden_btd, key, i):
-        live = i if k == 0 else None
+    def verify(m, hidden_btd, key, live):
         if greedy:
             return m.greedy_tokens(hidden_btd, live=live)
         logits_btv = m.logits(hidden_btd, live=live)
@@ -87,8 +64,21 @@ def round_program(graphdef, b: int, k: int, greedy: bool):
         draft_bk, len_b = jnp.full((b, k), 5, jnp.int32), jnp.full((b,), k, jnp.int32)
         return sampling_verify(logits_btv, draft_bk, len_b, key, 1.0, 0, 1.0)[1]
 
-    f = looped(graphdef, b, k, run)
-    return lambda params, cache, key: f(params, cache, key, jnp.full((b, k), 107, jnp.int32))
+    @jax.jit
+    def f(params, cache, key):
+        m = nnx.merge(graphdef, params)
+        block_bt = jnp.full((b, k + 1), 107, jnp.int32)
+
+        def body(c):
+            i, cache, acc = c
+            hidden_btd, cache = m(block_bt, pos_b[:, None] + jnp.arange(k + 1)[None], cache, pos_b)
+            hidden_btd = jax.lax.optimization_barrier(hidden_btd)  # as the loops keep the norm out of the head
+            out = verify(m, hidden_btd, jax.random.fold_in(key, i), i if k == 0 else None)
+            return i + 1, cache, acc + jnp.sum(out)
+
+        return jax.lax.while_loop(lambda c: c[0] < INNER, body, (jnp.int32(0), cache, jnp.int32(0)))[2]
+
+    return f
 
 
 def verify_costs(model, batches, ks, reps: int) -> None:

@@ -8,7 +8,8 @@ One frozen `BackendProfile` says how programs are built on a backend; there are 
   into the product; other backends read the float32 table (`Generator` drops the copy);
 * the loop counter passed as `live` to that one-row int8 head, a no-op XLA cannot prove, so that
   loop-invariant code motion does not hoist a float32 copy of the head out of the loop;
-* an `optimization_barrier` before the head, so the final norm stays out of the head's fused product;
+* a fusion fence before the one-row head (`fusion_fence`), so the final norm stays out of the head's
+  fused product;
 * `IN_PLACE_COMPILER_OPTIONS` (XLA:CPU's copy insertion with region analysis: the donated KV cache
   is updated in place inside the while loops);
 * the first-token clock as a `lax.cond` on the loop counter inside the loop body (one program, no
@@ -16,7 +17,7 @@ One frozen `BackendProfile` says how programs are built on a backend; there are 
 * low-precision matrices converted one cache-sized block of output rows at a time inside a
   `lax.scan` (`weight_formats.packed_product`), and the head's few-row products block-wise.
 
-On GPU / TPU these are noise or worse (a barrier blocks fusions, a flag another backend does not
+On GPU / TPU these are noise or worse (a fence blocks fusions, a flag another backend does not
 know, a scan serialises a product XLA would fuse), so the accelerator profile uses plain fused ops,
 and peels the first token's iteration out of the loop for the clock instead of branching every token.
 Tokens are the same either way: every trick is a no-op on values (`tests/decode/test_backend.py`
@@ -28,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from specjax.models.kv_cache import IN_PLACE_COMPILER_OPTIONS
 from specjax.models.quant import CHUNK_ROWS, MAX_CHUNKED_ROWS
@@ -41,7 +43,7 @@ class BackendProfile:
       name: "cpu" or "accelerator".
       int8_head: keep the model's int8 head copy for one-row products (else the float32 table).
       live_counter: pass the loop counter to the head as `live` (see the module doc).
-      head_barrier: an optimization barrier between the final norm and the head.
+      head_barrier: a fusion fence (`fusion_fence`) between the final norm and the head.
       first_token_cond: mark the first-token clock with a `lax.cond` inside the loop (CPU) instead of
         running the first iteration outside the loop (accelerators).
       compiler_options: XLA compiler options of the jitted programs, as sorted (name, value) pairs.
@@ -81,8 +83,8 @@ class BackendProfile:
         return steps if self.live_counter else None
 
     def head_input(self, hidden: jax.Array) -> jax.Array:
-        """The hidden states as the head should see them (behind a barrier on CPU)."""
-        return jax.lax.optimization_barrier(hidden) if self.head_barrier else hidden
+        """The hidden states as the head should see them (behind a fusion fence on CPU)."""
+        return fusion_fence(hidden) if self.head_barrier else hidden
 
     @property
     def options(self) -> dict:
@@ -95,6 +97,28 @@ CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True
                      blockwise=True, gemv_max_cols=4095, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512)
 ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
                              first_token_cond=False)
+
+
+def fusion_fence(x: jax.Array) -> jax.Array:
+    """`x`, computed where XLA cannot fuse its producers into its consumers: a while loop of one trip.
+
+    XLA:CPU fuses the final RMSNorm's multiplies into the one-row head's fused product and recomputes
+    them for every output column: 1.5 ms of a 7.5 ms Gemma 3 270M head (docs/performance.md). The plain
+    decode loop avoids it by carrying the hidden state across iterations; rounds that run the forward
+    and the head in one iteration (speculation's plain rounds, draft chains) need this fence.
+    `lax.optimization_barrier` does not work: the CPU pipeline removes it before fusion. A loop boundary
+    is opaque to fusion, but XLA inlines a loop whose one trip it can prove and forwards a value the body
+    passes through unchanged; so the trip count (1, or 2 when x[0] is NaN) and the body's multiply by
+    1 depend on values known only at run time. Values are unchanged either way.
+    """
+    first = x.reshape(-1)[0]
+    trips = 1 + (first != first).astype(jnp.int32)
+
+    def body(c):
+        i, y = c
+        return i + 1, y * jnp.where(i >= 0, 1, 0).astype(y.dtype)
+
+    return jax.lax.while_loop(lambda c: c[0] < trips, body, (jnp.zeros((), jnp.int32), x))[1]
 
 
 def profile_for(backend: str | None = None) -> BackendProfile:

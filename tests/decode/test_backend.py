@@ -72,3 +72,26 @@ def test_the_accelerator_profile_drops_the_int8_head_copy_and_keeps_the_tokens()
     assert model.head_quant is not None  # the caller's model is left as it was
     prompts = PROMPTS[:2]
     assert [o.tokens for o in cpu.generate(prompts, cfg)[0]] == [o.tokens for o in acc.generate(prompts, cfg)[0]]
+
+
+def test_the_fusion_fence_keeps_values_and_survives_compilation():
+    """The CPU profile's fence before the one-row head (`fusion_fence`) is a one-trip while loop XLA can
+    neither inline nor see through (an optimization barrier is removed before fusion on CPU)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from specjax.models.backend_profile import fusion_fence
+
+    x = np.random.default_rng(0).normal(size=(1, 1, 64)).astype(np.float32)
+    w = np.random.default_rng(1).normal(size=(64, 512)).astype(np.float32)
+    for value in (x, np.where(np.arange(64) == 0, np.nan, x).astype(np.float32)):  # NaN first: two trips
+        np.testing.assert_array_equal(np.asarray(jax.jit(fusion_fence)(value)), value)
+
+    def head(x, w):
+        return CPU.head_input(x * jax.lax.rsqrt(jnp.mean(x * x))) @ w
+
+    text = jax.jit(head).lower(x, w).compile().as_text()
+    assert " while(" in text  # not inlined: the norm cannot be fused into the product
+    np.testing.assert_allclose(np.asarray(jax.jit(head)(x, w)), (x / np.sqrt(np.mean(x * x))) @ w,
+                               rtol=1e-5, atol=1e-5)
+    assert ACCELERATOR.head_input(x) is x

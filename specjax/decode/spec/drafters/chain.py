@@ -75,7 +75,7 @@ def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, steps: jax.
     """Draft logits [B, N] over the reduced vocabulary, or [B, V] through the model's own head."""
     if head is not None:
         return head.logits(hidden_bd)
-    # As in the plain loop, on CPU: the barrier keeps the final norm out of the one-row int8 head's fused
+    # As in the plain loop, on CPU: the fence keeps the final norm out of the one-row int8 head's fused
     # product, and `live` keeps a float32 copy of that head from being hoisted out of the loop (quant.py).
     return model.logits(profile.head_input(hidden_bd[:, None]), live=profile.live(steps))[:, 0]
 

@@ -82,9 +82,10 @@ class BackendProfile:
         """The `live` argument of `Transformer.logits` / `greedy_tokens` inside a loop."""
         return steps if self.live_counter else None
 
-    def head_input(self, hidden: jax.Array) -> jax.Array:
-        """The hidden states as the head should see them (behind a fusion fence on CPU)."""
-        return fusion_fence(hidden) if self.head_barrier else hidden
+    def head_input(self, hidden: jax.Array, steps: jax.Array) -> jax.Array:
+        """The hidden states as the head should see them: on CPU behind a fusion fence keyed on the loop
+        counter `steps` (`fusion_fence`)."""
+        return fusion_fence(hidden, steps) if self.head_barrier else hidden
 
     @property
     def options(self) -> dict:
@@ -99,7 +100,7 @@ ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False,
                              first_token_cond=False)
 
 
-def fusion_fence(x: jax.Array) -> jax.Array:
+def fusion_fence(x: jax.Array, counter: jax.Array) -> jax.Array:
     """`x`, computed where XLA cannot fuse its producers into its consumers: a while loop of one trip.
 
     XLA:CPU fuses the final RMSNorm's multiplies into the one-row head's fused product and recomputes
@@ -108,17 +109,13 @@ def fusion_fence(x: jax.Array) -> jax.Array:
     and the head in one iteration (speculation's plain rounds, draft chains) need this fence.
     `lax.optimization_barrier` does not work: the CPU pipeline removes it before fusion. A loop boundary
     is opaque to fusion, but XLA inlines a loop whose one trip it can prove and forwards a value the body
-    passes through unchanged; so the trip count (1, or 2 when x[0] is NaN) and the body's multiply by
-    1 depend on values known only at run time. Values are unchanged either way.
+    passes through unchanged; so, as with the head's `live` argument, the loop counter decides what XLA
+    cannot: the trip count is `counter >= 0` (1 inside a decode loop) and the body multiplies by it.
+    Values are unchanged for any counter (no trip leaves `x` as it is).
     """
-    first = x.reshape(-1)[0]
-    trips = 1 + (first != first).astype(jnp.int32)
-
-    def body(c):
-        i, y = c
-        return i + 1, y * jnp.where(i >= 0, 1, 0).astype(y.dtype)
-
-    return jax.lax.while_loop(lambda c: c[0] < trips, body, (jnp.zeros((), jnp.int32), x))[1]
+    one = (counter >= 0).astype(jnp.int32)
+    body = lambda c: (c[0] + 1, c[1] * one.astype(c[1].dtype))
+    return jax.lax.while_loop(lambda c: c[0] < one, body, (jnp.zeros((), jnp.int32), x))[1]
 
 
 def profile_for(backend: str | None = None) -> BackendProfile:

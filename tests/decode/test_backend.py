@@ -84,14 +84,16 @@ def test_the_fusion_fence_keeps_values_and_survives_compilation():
 
     x = np.random.default_rng(0).normal(size=(1, 1, 64)).astype(np.float32)
     w = np.random.default_rng(1).normal(size=(64, 512)).astype(np.float32)
-    for value in (x, np.where(np.arange(64) == 0, np.nan, x).astype(np.float32)):  # NaN first: two trips
-        np.testing.assert_array_equal(np.asarray(jax.jit(fusion_fence)(value)), value)
+    with_nan = np.where(np.arange(64) == 0, np.nan, x).astype(np.float32)
+    for value in (x, with_nan):
+        for counter in (0, 7, -1):  # a loop counter (one trip), and a negative one (no trip)
+            np.testing.assert_array_equal(np.asarray(jax.jit(fusion_fence)(value, jnp.int32(counter))), value)
 
-    def head(x, w):
-        return CPU.head_input(x * jax.lax.rsqrt(jnp.mean(x * x))) @ w
+    def head(x, w, steps):
+        return CPU.head_input(x * jax.lax.rsqrt(jnp.mean(x * x)), steps) @ w
 
-    text = jax.jit(head).lower(x, w).compile().as_text()
+    text = jax.jit(head).lower(x, w, jnp.int32(3)).compile().as_text()
     assert " while(" in text  # not inlined: the norm cannot be fused into the product
-    np.testing.assert_allclose(np.asarray(jax.jit(head)(x, w)), (x / np.sqrt(np.mean(x * x))) @ w,
+    np.testing.assert_allclose(np.asarray(jax.jit(head)(x, w, jnp.int32(3))), (x / np.sqrt(np.mean(x * x))) @ w,
                                rtol=1e-5, atol=1e-5)
-    assert ACCELERATOR.head_input(x) is x
+    assert ACCELERATOR.head_input(x, jnp.int32(3)) is x

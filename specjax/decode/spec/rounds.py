@@ -311,7 +311,7 @@ def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, sta
     row, pol, cnt = s.row, s.policy, s.counters
     live_b = ~row.done_b
     hidden_b1d, cache = ctx.model(row.last_b[:, None], row.pos_b[:, None], row.cache, row.pos_b)
-    hidden_b1d = ctx.profile.head_input(hidden_b1d)
+    hidden_b1d = ctx.profile.head_input(hidden_b1d, row.steps)
     key, sub = jax.random.split(row.key)
     tok_b = loop.next_tokens(ctx.model, hidden_b1d, ctx.profile.live(row.steps), sub, ctx.sampling, ctx.temperature,
                              ctx.top_p, ctx.grammar, row.gram_b)

@@ -77,7 +77,7 @@ def head_logits(model, head: HeadTable | None, hidden_bd: jax.Array, steps: jax.
         return head.logits(hidden_bd)
     # As in the plain loop, on CPU: the fence keeps the final norm out of the one-row int8 head's fused
     # product, and `live` keeps a float32 copy of that head from being hoisted out of the loop (quant.py).
-    return model.logits(profile.head_input(hidden_bd[:, None]), live=profile.live(steps))[:, 0]
+    return model.logits(profile.head_input(hidden_bd[:, None], steps), live=profile.live(steps))[:, 0]
 
 
 def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):

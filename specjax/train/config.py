@@ -82,6 +82,10 @@ class LossConfig:
       medusa_decay: head k (1-based) has weight medusa_decay ** (k - 1).
       eagle_feature_weight: weight of the smooth-L1 feature regression.
       eagle_ce_weight: weight of the CE through the frozen head.
+      eagle_ttt_steps: training-time test (EAGLE-3): the head is unrolled this many steps over its own
+        predicted features (`eagle_ttt.py`); 1 = teacher forcing only. A step costs about this many
+        times a 1-step one.
+      eagle_ttt_decay: unrolled step j's loss weighs eagle_ttt_decay ** j (EAGLE-3: 0.8).
       logit_chunk: rows per chunk when computing vocabulary logits (bounds memory on 262k vocab).
       top_k: k of the reported top-k accuracy.
     """
@@ -91,6 +95,8 @@ class LossConfig:
     medusa_decay: float = 0.8
     eagle_feature_weight: float = 1.0
     eagle_ce_weight: float = 0.1
+    eagle_ttt_steps: int = 1
+    eagle_ttt_decay: float = 0.8
     logit_chunk: int = 256
     top_k: int = 5
 
@@ -233,6 +239,10 @@ def validate(cfg: TrainConfig) -> None:
     _need(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _need(0.0 <= cfg.loss.kd_weight <= 1.0, f"loss.kd_weight must be in [0, 1], got {cfg.loss.kd_weight}")
     _need(cfg.loss.kd_temperature > 0, f"loss.kd_temperature must be > 0, got {cfg.loss.kd_temperature}")
+    _need(1 <= cfg.loss.eagle_ttt_steps <= 16,
+          f"loss.eagle_ttt_steps must be in [1, 16], got {cfg.loss.eagle_ttt_steps}")
+    _need(0.0 <= cfg.loss.eagle_ttt_decay <= 1.0,
+          f"loss.eagle_ttt_decay must be in [0, 1], got {cfg.loss.eagle_ttt_decay}")
     _need(cfg.loss.logit_chunk >= 2, f"loss.logit_chunk must be >= 2, got {cfg.loss.logit_chunk}")
     _need(t.medusa_heads >= 1, f"task.medusa_heads must be >= 1, got {t.medusa_heads}")
     _need(t.draft_vocab >= 0, f"task.draft_vocab must be >= 0, got {t.draft_vocab}")

@@ -23,7 +23,7 @@ from specjax.models.draft_vocab import DraftVocab
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads
 from specjax.models.sharding import model_units
-from specjax.train import losses
+from specjax.train import eagle_ttt, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
 from specjax.train.models import Target
@@ -119,9 +119,33 @@ def _restrict(frozen, table_vd, labels):
     return jnp.take(table_vd, frozen["vocab_ids"], axis=0), jnp.maximum(idx, 0), (idx >= 0).astype(jnp.float32)
 
 
+def _eagle_chunk(loss: LossConfig, cap, weight: float, prefix: str):
+    """Chunk body of one unrolled step's EAGLE loss (weighted by `weight`; metrics named with `prefix`)."""
+
+    def chunk_fn(table_nd, pred_nd, feat_nd, labels_n, reg_mask_n, label_n, in_vocab_n):
+        logits = logits_nv(pred_nd, table_nd, cap)
+        _, reg_n, ce_n = losses.eagle_n(pred_nd, feat_nd, logits, labels_n, in_vocab_n, 1.0, 1.0)
+        reg, ce = jnp.sum(reg_n * reg_mask_n), jnp.sum(ce_n)
+        out = {"loss": weight * (loss.eagle_feature_weight * reg + loss.eagle_ce_weight * ce),
+               f"{prefix}reg": reg, f"{prefix}ce": ce}
+        # Accuracy counts out-of-vocabulary labels as misses: such a token can never be drafted.
+        out.update(accuracy_sums(logits, labels_n, label_n * in_vocab_n, loss.top_k, prefix))
+        if not prefix:
+            out.update(tokens=jnp.sum(label_n), in_vocab=jnp.sum(in_vocab_n))
+        return out
+
+    return chunk_fn
+
+
 def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool,
                      cached: bool = False, vocab_ids: np.ndarray | None = None) -> Task:
     """EAGLE: from (f_t, x_{t+1}) predict f_{t+1} (smooth-L1) and x_{t+2} through the frozen head (CE).
+
+    With `loss.eagle_ttt_steps` = n > 1 the head is also trained on its own predicted features for
+    n - 1 further steps (training-time test, `eagle_ttt.py`); step j's loss weighs
+    `loss.eagle_ttt_decay ** j` and its metrics are named `d{j+1}_acc`, `d{j+1}_ce`, … (the
+    teacher-forced acceptance of draft depth j + 1 when the earlier depths were right; normalised,
+    like every metric, by depth 1's label count, which differs by a few tokens per document).
 
     cached: read the target's features from `batch["features"]` instead of running the target.
     """
@@ -129,35 +153,26 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed
     ecfg = EagleConfig.from_target(tcfg)
     graphdef, params = nnx.split(_make(lambda: EagleHead(ecfg, rngs=nnx.Rngs(seed)), abstract))
     t_graphdef = nnx.graphdef(target.model)
-    cap = tcfg.final_logit_softcap
     frozen = {**_frozen(target.model, cached), **_vocab_arrays(vocab_ids, tcfg.vocab_size)}
-
-    def chunk_fn(table_nd, pred_nd, feat_nd, labels_n, reg_mask_n, label_n, in_vocab_n):
-        logits = logits_nv(pred_nd, table_nd, cap)
-        _, reg_n, ce_n = losses.eagle_n(pred_nd, feat_nd, logits, labels_n, in_vocab_n, 1.0, 1.0)
-        loss_sum = loss.eagle_feature_weight * jnp.sum(reg_n * reg_mask_n) + loss.eagle_ce_weight * jnp.sum(ce_n)
-        # Accuracy counts out-of-vocabulary labels as misses: such a token can never be drafted.
-        acc = accuracy_sums(logits, labels_n, label_n * in_vocab_n, loss.top_k)
-        return {"loss": loss_sum, "reg": jnp.sum(reg_n * reg_mask_n), "ce": jnp.sum(ce_n), "tokens": jnp.sum(label_n),
-                "in_vocab": jnp.sum(in_vocab_n), **acc}
+    n_steps = loss.eagle_ttt_steps
+    chunks = [_eagle_chunk(loss, tcfg.final_logit_softcap, loss.eagle_ttt_decay ** j, f"d{j + 1}_" if j else "")
+              for j in range(n_steps)]
 
     def loss_fn(params, frozen, batch, key):
         del key
-        tokens_bt, mask_bt = batch["tokens"], batch["mask"].astype(jnp.float32)
-        f_btd, embed_vd, table = _features(t_graphdef, frozen, batch)
-        head = nnx.merge(graphdef, params)
-        pos_bt = positions_like(tokens_bt)[:, :-1]
-        pred_btd, _ = head(f_btd[:, :-1], tokens_bt[:, 1:], embed_vd, pos_bt)
-        labels_bt = jnp.concatenate([tokens_bt[:, 2:], jnp.zeros_like(tokens_bt[:, :1])], axis=1)
-        label_bt = jnp.concatenate([mask_bt[:, 1:-1], jnp.zeros_like(mask_bt[:, :1])], axis=1)  # x_{t+2} a target
-        reg_mask_bt = jnp.maximum(mask_bt[:, :-1], label_bt)  # f_{t+1} of every pair inside the data
-        table, labels_bt, in_vocab_bt = _restrict(frozen, table, labels_bt)
-        in_vocab_bt = in_vocab_bt * label_bt
-        d = pred_btd.shape[-1]
-        rows = (pred_btd.reshape(-1, d), f_btd[:, 1:].reshape(-1, d), labels_bt.reshape(-1), reg_mask_bt.reshape(-1),
-                label_bt.reshape(-1), in_vocab_bt.reshape(-1))
-        sums = scan_row_chunks(chunk_fn, table, rows, loss.logit_chunk)
-        return sums.pop("loss"), sums
+        tokens_bt, mask_bt = batch["tokens"], batch["mask"]
+        f_btd, embed_vd, table_vd = _features(t_graphdef, frozen, batch)
+        preds = eagle_ttt.unrolled(nnx.merge(graphdef, params), f_btd, tokens_bt, embed_vd, n_steps)
+        total = {}
+        for j, pred_bld in enumerate(preds):
+            tg = eagle_ttt.step_targets(tokens_bt, mask_bt, f_btd, j)
+            table, labels_bl, in_vocab_bl = _restrict(frozen, table_vd, tg["labels"])
+            d = pred_bld.shape[-1]
+            rows = (pred_bld.reshape(-1, d), tg["feat"].reshape(-1, d), labels_bl.reshape(-1),
+                    tg["reg_mask"].reshape(-1), tg["label"].reshape(-1), (in_vocab_bl * tg["label"]).reshape(-1))
+            sums = scan_row_chunks(chunks[j], table, rows, loss.logit_chunk)
+            total.update({k: total.get(k, 0.0) + v for k, v in sums.items()})
+        return total.pop("loss"), total
 
     meta = {"kind": "eagle", "eagle_config": {"layer": dataclasses.asdict(ecfg.layer), "vocab_size": ecfg.vocab_size,
                                               "embed_multiplier": ecfg.embed_multiplier},

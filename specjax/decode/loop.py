@@ -158,7 +158,8 @@ def prefill_chunk(t: int, max_chunk: int) -> int:
     return t if t <= max_chunk else min(max_chunk, t & -t)
 
 
-def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array, max_chunk: int | None = None):
+def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array, max_chunk: int | None = None,
+            taps: tuple[int, ...] = ()):
     """Runs right-padded prompts [B, T] through the model from slot 0.
 
     A long prompt is run in blocks of `prefill_chunk(T, max_chunk)` tokens (a `lax.scan`), each
@@ -167,23 +168,27 @@ def prefill(model, cache: KVCache, prompt_bt: jax.Array, len_b: jax.Array, max_c
     them, not ~4.3 GB (which ran a 24 GB machine out of memory).
 
     Returns:
-      (final hidden states [B, T, D], each row's at its last prompt token [B, 1, D], the cache).
+      (final hidden states [B, T, D], each row's at its last prompt token [B, 1, D], the cache, and the
+      outputs of the blocks in `taps` [B, T, len(taps)·D] or None without taps: `Transformer.forward`).
     """
     b, t = prompt_bt.shape
     c = prefill_chunk(t, max_chunk or t)
     if c == t:
         positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        hidden_btd, cache = model(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32))
+        hidden_btd, cache, taps_btx = model.forward(prompt_bt, positions_bt, cache, jnp.zeros((b,), jnp.int32),
+                                                    taps=taps)
     else:
         def block(cache, start):
             tokens_bc = jax.lax.dynamic_slice_in_dim(prompt_bt, start, c, axis=1)
             positions_bc = jnp.broadcast_to(start + jnp.arange(c, dtype=jnp.int32), (b, c))
-            hidden_bcd, cache = model(tokens_bc, positions_bc, cache, jnp.full((b,), start, jnp.int32))
-            return cache, hidden_bcd
+            start_b = jnp.full((b,), start, jnp.int32)
+            hidden_bcd, cache, taps_bcx = model.forward(tokens_bc, positions_bc, cache, start_b, taps=taps)
+            return cache, (hidden_bcd, taps_bcx)
 
-        cache, hidden_nbcd = jax.lax.scan(block, cache, jnp.arange(0, t, c, dtype=jnp.int32))
-        hidden_btd = jnp.swapaxes(hidden_nbcd, 0, 1).reshape(b, t, -1)
-    return hidden_btd, jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1), cache
+        cache, chunks = jax.lax.scan(block, cache, jnp.arange(0, t, c, dtype=jnp.int32))
+        hidden_btd, taps_btx = (None if x is None else jnp.swapaxes(x, 0, 1).reshape(b, t, -1) for x in chunks)
+    last_b1d = jnp.take_along_axis(hidden_btd, (len_b - 1)[:, None, None], axis=1)
+    return hidden_btd, last_b1d, cache, taps_btx
 
 
 @decode_program("graphdef", "sampling", "n_out", "eos_ids")
@@ -216,7 +221,7 @@ def generate_program(
     key, temperature, top_p = inputs.key, inputs.temperature, inputs.top_p
     stop_tables, grammar = inputs.stop_tables, inputs.grammar
     b = prompt_bt.shape[0]
-    _, last_hidden_b1d, cache = prefill(model, cache, prompt_bt, len_b, profile.prefill_chunk)
+    _, last_hidden_b1d, cache, _ = prefill(model, cache, prompt_bt, len_b, profile.prefill_chunk)
 
     n_stop = 0 if stop_tables is None else stop_tables.count
     state = DecodeState(

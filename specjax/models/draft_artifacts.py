@@ -105,7 +105,8 @@ def _module_factory(task_meta: dict):
 
         raw = task_meta["eagle_config"]
         layer: ModelConfig = config_from_json(json.dumps(raw["layer"]))
-        cfg = EagleConfig(layer=layer, vocab_size=raw["vocab_size"], embed_multiplier=raw["embed_multiplier"])
+        cfg = EagleConfig(layer=layer, vocab_size=raw["vocab_size"], embed_multiplier=raw["embed_multiplier"],
+                          fuse_layers=tuple(raw.get("fuse_layers", ())))
         return cfg, lambda: EagleHead(cfg, rngs=nnx.Rngs(0))
     raise DraftCheckpointError(f"unknown draft kind {kind!r} in checkpoint metadata")
 

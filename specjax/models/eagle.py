@@ -11,7 +11,12 @@ normed, so without it one input would drown the other — EAGLE-3 normalises bot
 fc [2D → D] on their concatenation, ONE `transformer.Block` of the target's shape (RoPE, GQA,
 QK-norm, its own KV cache from `kv_cache`), and a final RMSNorm.
 
-The feature is the target's FINAL-NORMED hidden state — what `Transformer.__call__` returns —
+EAGLE-3 (Li et al. 2025) feeds the head, at committed positions, a fusion of low, mid and high target
+layers instead (`EagleConfig.fuse_layers`): the residual streams after those blocks, each RMS-normed
+(their scales differ by orders of magnitude across Gemma's layers), concatenated and projected
+[n·D → D] by `fuse_features`. Drafting past depth 1 still feeds back the head's own outputs.
+
+Without fusion, the feature is the target's FINAL-NORMED hidden state — what `Transformer.__call__` returns —
 not the pre-norm residual stream EAGLE-1 uses. Reasons: it is what the target already exposes (no
 second output from the 18-layer body), the head reads it directly (logits = f @ E^T), and its
 scale is fixed by the norm, which keeps the feature-regression loss well conditioned across
@@ -44,27 +49,49 @@ class EagleConfig:
         attends to the whole context, with the target's global RoPE base).
       vocab_size: rows of the target embedding the head reads tokens from.
       embed_multiplier: the target's embedding scale (√D for Gemma), applied to looked-up rows.
+      fuse_layers: EAGLE-3 feature fusion: target blocks whose outputs the head reads at committed
+        positions (`Transformer.forward(taps=...)`); empty: the target's final-normed hidden state.
     """
 
     layer: ModelConfig
     vocab_size: int
     embed_multiplier: float = 1.0
+    fuse_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer.n_layers != 1 or self.layer.layer_kinds != ("global",):
             raise ConfigError(f"EagleConfig.layer must have one global layer, got {self.layer.layer_kinds}")
         if self.vocab_size < 1:
             raise ConfigError(f"EagleConfig.vocab_size must be positive, got {self.vocab_size}")
+        fl = self.fuse_layers
+        if any(not isinstance(i, int) or i < 0 for i in fl) or list(fl) != sorted(set(fl)):
+            raise ConfigError(f"EagleConfig.fuse_layers must be increasing non-negative layer indices, got {fl}")
 
     @property
     def d_model(self) -> int:
         return self.layer.d_model
 
     @classmethod
-    def from_target(cls, target: ModelConfig) -> EagleConfig:
-        """One decoder layer of the target's own shape (heads, widths, norms, activation)."""
+    def from_target(cls, target: ModelConfig, fuse_layers: tuple[int, ...] | str = ()) -> EagleConfig:
+        """One decoder layer of the target's own shape (heads, widths, norms, activation).
+
+        fuse_layers: target blocks to fuse (EAGLE-3), "auto" for EAGLE-3's choice (`default_fuse_layers`),
+        or empty for the final-normed feature.
+        """
+        if fuse_layers == "auto":
+            fuse_layers = default_fuse_layers(target.n_layers)
+        bad = [i for i in fuse_layers if not 0 <= i < target.n_layers]
+        if bad:
+            raise ConfigError(f"fuse_layers {bad} are outside the target's {target.n_layers} layers")
         layer = target.replace(n_layers=1, layer_kinds=("global",), final_logit_softcap=None)
-        return cls(layer=layer, vocab_size=target.vocab_size, embed_multiplier=target.embed_multiplier)
+        return cls(layer=layer, vocab_size=target.vocab_size, embed_multiplier=target.embed_multiplier,
+                   fuse_layers=tuple(fuse_layers))
+
+
+def default_fuse_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low / mid / high layers (its reference code taps blocks 2, L/2 and L-3; shallower
+    targets get distinct indices as far as they go)."""
+    return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
 
 
 class EagleHead(nnx.Module):
@@ -79,6 +106,28 @@ class EagleHead(nnx.Module):
         self.fc = Linear(2 * d, d, dtype, rngs, bias=True)
         self.block = Block(cfg.layer, "global", dtype, rngs)
         self.out_norm = RMSNorm(d, eps, dtype)
+        n = len(cfg.fuse_layers)
+        self.fuse_norms = nnx.List([RMSNorm(d, eps, dtype) for _ in range(n)])
+        self.fuse = Linear(n * d, d, dtype, rngs) if n else None
+
+    @property
+    def fused(self) -> bool:
+        """Whether the head reads fused target layers (EAGLE-3) at committed positions."""
+        return bool(self.cfg.fuse_layers)
+
+    def fuse_features(self, taps_btx: jax.Array) -> jax.Array:
+        """The head's feature at committed positions from the target's tapped layers [B, T, n·D] (EAGLE-3)."""
+        d = self.cfg.d_model
+        parts = [norm(taps_btx[..., i * d:(i + 1) * d].astype(self.dtype)) for i, norm in enumerate(self.fuse_norms)]
+        return self.fuse(jnp.concatenate(parts, axis=-1))
+
+    def committed_features(self, hidden_btd: jax.Array, taps_btx: jax.Array | None) -> jax.Array:
+        """What the head reads at committed positions: the fused taps (EAGLE-3), else the final-normed states."""
+        if not self.fused:
+            return hidden_btd
+        if taps_btx is None:
+            raise ConfigError(f"this EAGLE-3 head reads target layers {self.cfg.fuse_layers}; no tapped features given")
+        return self.fuse_features(taps_btx)
 
     def init_cache(self, batch: int, slots: int) -> KVCache:
         """A one-layer KV cache for `batch` rows of `slots` positions."""

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.backend_profile import profile_for
-from specjax.models.config import ModelConfig
+from specjax.models.config import ConfigError, ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
 from specjax.models.quant import BlockQuant
@@ -127,6 +127,13 @@ class Transformer(nnx.Module):
         Returns:
           (hidden_btd after the final norm, updated cache or None).
         """
+        hidden_btd, new_cache, _ = self.forward(tokens_bt, positions_bt, cache, start_b, block_mask_btt)
+        return hidden_btd, new_cache
+
+    def forward(self, tokens_bt, positions_bt, cache=None, start_b=None, block_mask_btt=None,
+                taps: tuple[int, ...] = ()) -> tuple[jax.Array, KVCache | None, jax.Array | None]:
+        """`__call__`, also returning the residual stream after the blocks listed in `taps` (EAGLE-3's
+        low / mid / high features): (hidden_btd, cache, taps [B, T, len(taps) * D] or None without taps)."""
         b, t = tokens_bt.shape
         if block_mask_btt is None:
             block_mask_btt = jnp.broadcast_to(causal_block_mask(t), (b, t, t))
@@ -136,11 +143,12 @@ class Transformer(nnx.Module):
         window = self.cfg.sliding_window if "local" in self.cfg.layer_kinds else None
         mask_global, mask_local = attention_masks(positions_bt, start_b, slots, block_mask_btt, window)
         kv = None if cache is None else (cache.k, cache.v)
-        x_btd, kv = self.run_blocks(self.embed_tokens(tokens_bt), positions_bt, (mask_global, mask_local), kv, start_b)
+        x_btd, kv, tapped = self.run_blocks(self.embed_tokens(tokens_bt), positions_bt, (mask_global, mask_local), kv,
+                                            start_b, taps=taps)
         new_cache = None if cache is None else KVCache(k=kv[0], v=kv[1])
-        return self.final_norm(x_btd), new_cache
+        return self.final_norm(x_btd), new_cache, (jnp.concatenate(tapped, axis=-1) if taps else None)
 
-    def run_blocks(self, x_btd, positions_bt, masks, kv, start_b, layers=None):
+    def run_blocks(self, x_btd, positions_bt, masks, kv, start_b, layers=None, taps: tuple[int, ...] = ()):
         """Runs decoder blocks over embedded inputs (no final norm): the loop `__call__` and the
         self-speculative drafters (layer skip, a draft model's cache feed) share.
 
@@ -150,12 +158,16 @@ class Transformer(nnx.Module):
           kv: (keys, values), one cache array per run block, or None for an uncached forward.
           start_b: first cache slot written per row.
           layers: indices of the blocks to run, in order (static; default all).
+          taps: indices of blocks whose outputs are also returned (static; each must be run).
 
         Returns:
-          (outputs [B, T, D], (new keys, new values) or None).
+          (outputs [B, T, D], (new keys, new values) or None, [the tapped blocks' outputs, in `taps` order]).
         """
         layers = range(len(self.blocks)) if layers is None else layers
-        new_k, new_v = [], []
+        missing = sorted(set(taps) - set(layers))
+        if missing:
+            raise ConfigError(f"taps {missing} are not among the run layers {list(layers)}")
+        new_k, new_v, tapped = [], [], {}
         for j, i in enumerate(layers):
             block = self.blocks[i]
             mask = masks[1] if block.kind == "local" else masks[0]
@@ -163,7 +175,9 @@ class Transformer(nnx.Module):
             if kv_j is not None:
                 new_k.append(kv_j[0])
                 new_v.append(kv_j[1])
-        return x_btd, (None if kv is None else (tuple(new_k), tuple(new_v)))
+            if i in taps:
+                tapped[i] = x_btd
+        return x_btd, (None if kv is None else (tuple(new_k), tuple(new_v))), [tapped[i] for i in taps]
 
     def head_table(self) -> jax.Array:
         """The [V, D] output table: the tied embedding, or the separate head (dequantized when the `weights=`

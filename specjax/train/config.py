@@ -57,6 +57,9 @@ class TaskConfig:
       freeze_embed: do not train the draft's embedding table (saves 2/3 of optimizer memory on a
         262k vocabulary).
       medusa_heads: number of Medusa heads (kind="medusa").
+      eagle_layers: kind="eagle": EAGLE-3 feature fusion, the target blocks whose outputs the head reads
+        at committed positions (EAGLE-3 taps blocks 2, L/2 and L-3: [2, 9, 15] on Gemma 3 270M's 18
+        layers, [2, 14, 25] on Qwen2.5 1.5B's 28); empty: the final-normed features (EAGLE-1/2).
       draft_vocab: reduced draft vocabulary size of the heads (kind="medusa" or "eagle"): the most
         frequent target ids of the training continuations (EOS ids kept); 0 keeps the full vocabulary.
     """
@@ -69,6 +72,7 @@ class TaskConfig:
     init_embed: bool = True
     freeze_embed: bool = True
     medusa_heads: int = 4
+    eagle_layers: tuple[int, ...] = ()
     draft_vocab: int = 0
 
 
@@ -239,6 +243,8 @@ def validate(cfg: TrainConfig) -> None:
     _need(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _need(0.0 <= cfg.loss.kd_weight <= 1.0, f"loss.kd_weight must be in [0, 1], got {cfg.loss.kd_weight}")
     _need(cfg.loss.kd_temperature > 0, f"loss.kd_temperature must be > 0, got {cfg.loss.kd_temperature}")
+    _need(all(i >= 0 for i in t.eagle_layers) and list(t.eagle_layers) == sorted(set(t.eagle_layers)),
+          f"task.eagle_layers must be increasing layer indices >= 0, got {list(t.eagle_layers)}")
     _need(1 <= cfg.loss.eagle_ttt_steps <= 16,
           f"loss.eagle_ttt_steps must be in [1, 16], got {cfg.loss.eagle_ttt_steps}")
     _need(0.0 <= cfg.loss.eagle_ttt_decay <= 1.0,

@@ -26,8 +26,9 @@ from specjax.models.sharding import model_units
 from specjax.train import eagle_ttt, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
 from specjax.train.config import LossConfig, TaskConfig
+from specjax.train.features import target_features
 from specjax.train.models import Target
-from specjax.train.task import Task, accuracy_sums, positions_like
+from specjax.train.task import Task, accuracy_sums
 
 
 def _make(factory, abstract: bool):
@@ -41,17 +42,20 @@ def _frozen(model, cached: bool) -> dict:
     return {"embed": model.embed[...], **({} if model.head is None else {"head": model.head[...]})}
 
 
-def _features(t_graphdef, frozen, batch):
-    """(f_btd, embed_vd, head table_vd) under stop_gradient, from the target or from the batch's cache."""
+def _features(t_graphdef, frozen, batch, taps: tuple[int, ...] = ()):
+    """(f_btd, embed_vd, head table_vd, tapped layers [B, T, n·D] or None) under stop_gradient, from the
+    target or from the batch's cache (`features.py` stores the taps after f_t)."""
     if "target" in frozen:
         target = nnx.merge(t_graphdef, frozen["target"])
-        f_btd, _ = target(batch["tokens"], positions_like(batch["tokens"]))
+        full = target_features(target, batch["tokens"], taps)
         embed_vd, table_vd = target.embed[...], target.head_table()
     else:
         # In the tables' dtype: under bf16 compute the uncached target would have produced bf16 features.
         embed_vd = frozen["embed"]
-        f_btd, table_vd = batch["features"].astype(embed_vd.dtype), frozen.get("head", embed_vd)
-    return tuple(jax.lax.stop_gradient(x) for x in (f_btd, embed_vd, table_vd))
+        full, table_vd = batch["features"].astype(embed_vd.dtype), frozen.get("head", embed_vd)
+    d = embed_vd.shape[-1]
+    f_btd, taps_btx = full[..., :d], (full[..., d:] if taps else None)
+    return tuple(None if x is None else jax.lax.stop_gradient(x) for x in (f_btd, embed_vd, table_vd, taps_btx))
 
 
 def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed: int, abstract: bool,
@@ -87,7 +91,7 @@ def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, *, see
 
     def loss_fn(params, frozen, batch, key):
         del key
-        f_btd, _, table = _features(t_graphdef, frozen, batch)
+        f_btd, _, table, _ = _features(t_graphdef, frozen, batch)
         heads = nnx.merge(graphdef, params)
         h_bthd = heads(f_btd)
         labels_kbt, valid_kbt = losses.medusa_targets(batch["tokens"], batch["mask"], n_heads)
@@ -147,10 +151,14 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed
     teacher-forced acceptance of draft depth j + 1 when the earlier depths were right; normalised,
     like every metric, by depth 1's label count, which differs by a few tokens per document).
 
+    With `task.eagle_layers` the head is an EAGLE-3 head: at committed positions (step 0) it reads the
+    fusion of those target blocks' outputs (`EagleHead.fuse_features`), not f_t; the regression target
+    stays f_{t+1} (EAGLE-3 drops that term: `loss.eagle_feature_weight=0`).
+
     cached: read the target's features from `batch["features"]` instead of running the target.
     """
     tcfg = target.model.cfg
-    ecfg = EagleConfig.from_target(tcfg)
+    ecfg = EagleConfig.from_target(tcfg, tuple(task.eagle_layers))
     graphdef, params = nnx.split(_make(lambda: EagleHead(ecfg, rngs=nnx.Rngs(seed)), abstract))
     t_graphdef = nnx.graphdef(target.model)
     frozen = {**_frozen(target.model, cached), **_vocab_arrays(vocab_ids, tcfg.vocab_size)}
@@ -161,8 +169,9 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed
     def loss_fn(params, frozen, batch, key):
         del key
         tokens_bt, mask_bt = batch["tokens"], batch["mask"]
-        f_btd, embed_vd, table_vd = _features(t_graphdef, frozen, batch)
-        preds = eagle_ttt.unrolled(nnx.merge(graphdef, params), f_btd, tokens_bt, embed_vd, n_steps)
+        f_btd, embed_vd, table_vd, taps_btx = _features(t_graphdef, frozen, batch, ecfg.fuse_layers)
+        head = nnx.merge(graphdef, params)
+        preds = eagle_ttt.unrolled(head, head.committed_features(f_btd, taps_btx), tokens_bt, embed_vd, n_steps)
         total = {}
         for j, pred_bld in enumerate(preds):
             tg = eagle_ttt.step_targets(tokens_bt, mask_bt, f_btd, j)
@@ -175,6 +184,7 @@ def build_eagle_task(task: TaskConfig, loss: LossConfig, target: Target, *, seed
         return total.pop("loss"), total
 
     meta = {"kind": "eagle", "eagle_config": {"layer": dataclasses.asdict(ecfg.layer), "vocab_size": ecfg.vocab_size,
-                                              "embed_multiplier": ecfg.embed_multiplier},
+                                              "embed_multiplier": ecfg.embed_multiplier,
+                                              "fuse_layers": list(ecfg.fuse_layers)},
             "target": target.identity, "vocab_ids": None if vocab_ids is None else [int(i) for i in vocab_ids]}
     return Task("eagle", graphdef, params, frozen, loss_fn, meta, model_units(ecfg.layer), lambda p, f: p)

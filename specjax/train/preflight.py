@@ -43,7 +43,7 @@ def latest_checkpoint_meta(out_dir: str | Path) -> tuple[int, dict] | None:
 # the others (init_layers, init_embed) only choose how a fresh run starts.
 SHAPING_FIELDS = {"draft": ("target", "target_arch", "draft_arch", "freeze_embed"),
                   "medusa": ("target", "target_arch", "medusa_heads", "draft_vocab"),
-                  "eagle": ("target", "target_arch", "draft_vocab")}
+                  "eagle": ("target", "target_arch", "draft_vocab", "eagle_layers")}
 
 
 def check_resume(cfg: TrainConfig) -> None:

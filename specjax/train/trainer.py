@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax.distributed import is_primary
 from specjax.models import sharding
+from specjax.models.eagle import EagleConfig
 from specjax.train.checkpoint import Checkpointer
 from specjax.train.config import TrainConfig, TrainConfigError, to_dict
 from specjax.train.data import BatchOrder, PackedRows, dev_batches, pack
@@ -104,6 +105,11 @@ def uses_feature_cache(cfg: TrainConfig) -> bool:
     return cfg.data.feature_cache and cfg.task.kind in ("medusa", "eagle")
 
 
+def feature_taps(cfg: TrainConfig) -> tuple[int, ...]:
+    """Target blocks whose outputs the task reads besides f_t (an EAGLE-3 head's fused layers)."""
+    return tuple(cfg.task.eagle_layers) if cfg.task.kind == "eagle" else ()
+
+
 def prepare(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=lambda s: None):
     """(target, train rows, dev rows, task) of a run (no device state yet); see `prepare_run`."""
     p = prepare_run(cfg, target, tokenizer, log)
@@ -113,6 +119,8 @@ def prepare(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=
 def prepare_run(cfg: TrainConfig, target: Target | None = None, tokenizer=None, log=lambda s: None) -> Prepared:
     """Target, packed train / dev rows (with their cached target features for head tasks), Task, dev prompts."""
     target = target or build_target(cfg.task, cfg.seed)
+    if feature_taps(cfg):  # layers the target lacks: refused now, not after generating the data
+        EagleConfig.from_target(target.model.cfg, feature_taps(cfg))
     train_docs, dev_docs = load_documents(cfg.data, target, cfg.progress, log, tokenizer)
     pad = target.model.cfg.pad_id
     train_rows, dev_rows = pack(train_docs, cfg.seq_len, pad), pack(dev_docs, cfg.seq_len, pad)
@@ -120,7 +128,7 @@ def prepare_run(cfg: TrainConfig, target: Target | None = None, tokenizer=None, 
     if cached:
         train_rows, dev_rows = attach_features(
             target.model, target.identity, train_rows, dev_rows, cfg.data.feature_dir,
-            cfg.batch_size // cfg.optim.accum_steps, cfg.compute_dtype, cfg.progress, log)
+            cfg.batch_size // cfg.optim.accum_steps, cfg.compute_dtype, cfg.progress, log, feature_taps(cfg))
     vocab_ids = None
     if cfg.task.kind in ("medusa", "eagle") and cfg.task.draft_vocab:
         from specjax.models.draft_vocab import DraftVocab

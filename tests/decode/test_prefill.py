@@ -36,9 +36,10 @@ def test_blocks_equal_one_block_with_ragged_rows_and_a_sliding_window(tiny_model
     rng = np.random.default_rng(0)
     prompt_bt = jnp.asarray(rng.integers(3, 64, (b, t)), jnp.int32)
     len_b = jnp.asarray([48, 30, 7], jnp.int32)
-    run = jax.jit(loop.prefill, static_argnums=4)
-    one = run(tiny_model, tiny_model.init_cache(b, slots), prompt_bt, len_b, None)
-    blocks = run(tiny_model, tiny_model.init_cache(b, slots), prompt_bt, len_b, max_chunk)
+    run = jax.jit(loop.prefill, static_argnums=(4, 5))
+    one = run(tiny_model, tiny_model.init_cache(b, slots), prompt_bt, len_b, None, (0, 2))  # with EAGLE-3 taps
+    blocks = run(tiny_model, tiny_model.init_cache(b, slots), prompt_bt, len_b, max_chunk, (0, 2))
+    assert one[3].shape == (b, t, 2 * tiny_model.cfg.d_model)
     for a, c in zip(jax.tree.leaves(one), jax.tree.leaves(blocks), strict=True):
         np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-5)
 

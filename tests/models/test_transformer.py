@@ -94,3 +94,21 @@ def test_config_rejects_inconsistent_values():
         tiny_config(n_layers=4)
     with pytest.raises(ConfigError, match="sliding_window"):
         tiny_config(sliding_window=None)
+
+
+def test_taps_are_the_residual_stream_after_the_named_blocks(tiny_model):
+    """`forward(taps=...)` (EAGLE-3's fused features): block i's output, i.e. the blocks up to i run alone."""
+    b, t = 2, 9
+    tokens = jnp.asarray(np.random.default_rng(1).integers(3, 64, (b, t)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(t), (b, t))
+    hidden, _, taps = nnx.jit(lambda m, x: m.forward(x, pos, taps=(0, 2)))(tiny_model, tokens)
+    plain, _ = nnx.jit(lambda m, x: m(x, pos))(tiny_model, tokens)
+    np.testing.assert_array_equal(np.asarray(hidden), np.asarray(plain))
+    masks = attention_masks(pos, jnp.zeros((b,), jnp.int32), t, jnp.broadcast_to(causal_block_mask(t), (b, t, t)),
+                            tiny_model.cfg.sliding_window)
+    d = tiny_model.cfg.d_model
+    for j, upto in enumerate((0, 2)):
+        x, _, _ = tiny_model.run_blocks(tiny_model.embed_tokens(tokens), pos, masks, None, None, range(upto + 1))
+        np.testing.assert_allclose(np.asarray(taps[..., j * d:(j + 1) * d]), np.asarray(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="taps"):
+        tiny_model.run_blocks(tiny_model.embed_tokens(tokens), pos, masks, None, None, [0], taps=(1,))

@@ -32,8 +32,9 @@ def compose(*overrides: str) -> tuple[TrainConfig, object]:
     return config_from_container(OmegaConf.to_container(cfg, resolve=True))
 
 
-def test_all_four_experiments_exist():
-    assert EXPERIMENTS == ["distill_1b", "distill_gemma3_270m", "eagle_gemma3_270m", "medusa_gemma3_270m"]
+def test_all_experiments_exist():
+    assert EXPERIMENTS == ["distill_1b", "distill_gemma3_270m", "eagle3_gemma3_270m", "eagle_gemma3_270m",
+                           "medusa_gemma3_270m"]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -114,8 +115,19 @@ def test_distill_1b_runs_two_steps_with_tiny_override(tmp_path, capsys):
     (["task.kind=foo"], "task.kind='foo' is not one of"),
     (["optim.accum_steps=3", "batch_size=8"], "batch_size=8 must be a positive multiple of optim.accum_steps=3"),
     (["task.target=null", "data.source=text"], "data.source='text' needs data.path"),
+    (["task.kind=eagle", "task.eagle_layers=[9,2]"], "task.eagle_layers must be increasing layer indices"),
 ])
 def test_bad_option_is_one_error_line(capsys, args, message):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_eagle_layers_the_target_lacks_are_one_error_line_before_any_data(tmp_path, capsys):
+    args = ["task.kind=eagle", "task.target=null", "task.target_arch.preset=tiny", "data.source=synthetic",
+            "task.eagle_layers=[1,5]", "progress=false", f"out_dir={tmp_path / 'run'}",
+            f"data.feature_dir={tmp_path / 'features'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: fuse_layers [5] are outside the target's 2 layers"
+    assert not (tmp_path / "features").exists()

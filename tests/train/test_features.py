@@ -22,14 +22,17 @@ def _loss_and_grads(task, rows, compute_dtype=None):
     return float(sums), grads
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa", "eagle3"])
 def test_cached_features_give_the_uncached_loss_and_gradients(tiny_train_config, kind):
-    cfg = tiny_train_config(kind)
+    cfg = tiny_train_config(kind.rstrip("3"))
+    if kind == "eagle3":  # fused target layers: stored after f_t, one more d_model each
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, eagle_layers=(0, 1)))
+    width = 32 * (3 if kind == "eagle3" else 1)
     assert uses_feature_cache(cfg)
     _, rows_c, dev_c, task_c = prepare(cfg)
     _, rows_u, _, task_u = prepare(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, feature_cache=False)))
-    assert rows_u.features is None and rows_c.features.shape == (*rows_c.tokens.shape, 32)
-    assert dev_c.features.shape == (*dev_c.tokens.shape, 32)
+    assert rows_u.features is None and rows_c.features.shape == (*rows_c.tokens.shape, width)
+    assert dev_c.features.shape == (*dev_c.tokens.shape, width)
     assert "target" in task_u.frozen and "target" not in task_c.frozen  # a cached step never runs the target
     loss_c, g_c = _loss_and_grads(task_c, rows_c)
     loss_u, g_u = _loss_and_grads(task_u, rows_u)

@@ -16,14 +16,20 @@ from specjax.train.tau import _TokenPromptGenerator, prompt_ids
 from specjax.train.trainer import prepare_run, train
 
 
-@pytest.mark.parametrize(("kind", "draft_vocab"), [
-    pytest.param("draft", 0, marks=pytest.mark.slow), ("medusa", 32), ("eagle", 0)])
-def test_tau_is_logged_every_tau_every_steps_and_matches_the_saved_drafter(tiny_train_config, kind, draft_vocab):
+@pytest.mark.parametrize(("kind", "draft_vocab", "eagle_layers"), [
+    pytest.param("draft", 0, (), marks=pytest.mark.slow), ("medusa", 32, ()), ("eagle", 0, ()),
+    ("eagle", 32, (0, 1))])  # EAGLE-3: fused target layers, trained with training-time test
+def test_tau_is_logged_every_tau_every_steps_and_matches_the_saved_drafter(tiny_train_config, kind, draft_vocab,
+                                                                           eagle_layers):
     cfg = tiny_train_config(kind, steps=4, tau_every=2, tau_prompts=4, tau_new_tokens=16)
-    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, draft_vocab=draft_vocab))
+    task = dataclasses.replace(cfg.task, draft_vocab=draft_vocab, eagle_layers=eagle_layers)
+    loss = dataclasses.replace(cfg.loss, eagle_ttt_steps=2 if eagle_layers else 1)
+    cfg = dataclasses.replace(cfg, task=task, loss=loss)
     result = train(cfg)
     if draft_vocab:
         assert len(load_draft_checkpoint(result.out_dir).vocab_ids) == draft_vocab
+    if eagle_layers:
+        assert load_draft_checkpoint(result.out_dir).config.fuse_layers == eagle_layers
     rows = [json.loads(line) for line in (result.out_dir / "metrics.jsonl").read_text().splitlines()]
     tau_rows = [r for r in rows if r["split"] == "tau"]
     assert [r["step"] for r in tau_rows] == [2, 4]

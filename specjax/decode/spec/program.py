@@ -31,7 +31,7 @@ from specjax.decode.inputs import BatchInputs
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec.drafters.base import Drafter, Prefill
 from specjax.decode.spec.policy import Adaptive, run
-from specjax.decode.spec.rounds import RoundContext, commit
+from specjax.decode.spec.rounds import RoundContext, commit, feature_layers
 from specjax.decode.spec.state import Counters, PolicyState, Shadow, SpecRow, SpecState
 from specjax.models.kv_cache import KVCache
 
@@ -68,7 +68,8 @@ def speculative_program(
     """
     model = nnx.merge(graphdef, params)
     prompt_bt, len_b, active_b, grammar = inputs.prompt_bt, inputs.len_b, inputs.active_b, inputs.grammar
-    hidden_btd, last_hidden_b1d, cache = loop.prefill(model, cache, prompt_bt, len_b, profile.prefill_chunk)
+    hidden_btd, last_hidden_b1d, cache, taps_btx = loop.prefill(model, cache, prompt_bt, len_b, profile.prefill_chunk,
+                                                                feature_layers(drafter))
     key, sub = jax.random.split(inputs.key)
     # The first token comes from the prefill, exactly as in the plain loop.
     first_logits_bv = model.logits(last_hidden_b1d)[:, 0]
@@ -84,7 +85,7 @@ def speculative_program(
     ctx = RoundContext.create(model, draft_params, k, drafter, sampling, inputs.temperature, inputs.top_p,
                               inputs.max_new, eos_ids, inputs.stop_tables, adapt, grammar, profile)
     prefilled = Prefill(tokens_bt=prompt_bt, len_b=len_b, hidden_btd=hidden_btd, first_b=first_b,
-                        num_slots=cache.num_slots)
+                        num_slots=cache.num_slots, taps_btx=taps_btx)
     state = initial_state(ctx, cache, prompt_bt, len_b, active_b, key, first_b, n_out,
                           drafter.init(model, draft_params, prefilled), None if grammar is None else grammar.state_b,
                           first_late_b)

@@ -53,6 +53,7 @@ class RoundContext:
       packed: the target's `cost.packed_share` on this backend (what packed weights add to a verify).
       observe_top_k: r > 0 when the drafter wants the target's top-r tokens at every verified block row
         (`Drafter.observe_top_k`, `Observation.block_top_btr`), else 0.
+      taps: target blocks whose outputs the drafter reads (`Drafter.feature_layers`, EAGLE-3), else ().
     """
 
     model: Any
@@ -72,6 +73,7 @@ class RoundContext:
     drafting_cost: float = 0.0
     observe_top_k: int = 0
     packed: float = 0.0
+    taps: tuple[int, ...] = ()
 
     @classmethod
     def create(cls, model, draft_params, k: int, drafter, sampling: SamplingConfig, temperature, top_p, max_new,
@@ -80,7 +82,7 @@ class RoundContext:
         profile = profile or profile_for()
         return cls(model, draft_params, k, drafter, sampling, temperature, top_p, max_new, eos_ids, stop_tables,
                    adapt, grammar, profile, is_cheap(drafter), cost, int(getattr(drafter, "observe_top_k", 0)),
-                   packed_share(model, profile))
+                   packed_share(model, profile), feature_layers(drafter))
 
     def bar(self, b: int) -> float:
         """The policy's bar (`policy.Adaptive.bar`) for a batch of b rows of this round's setup."""
@@ -102,6 +104,16 @@ class RoundContext:
 
     def draft_sampling(self) -> DraftSampling:
         return DraftSampling.of(self.sampling, self.temperature, self.top_p)
+
+
+def feature_layers(drafter) -> tuple[int, ...]:
+    """The target blocks whose outputs `drafter` reads (`Drafter.feature_layers`; undeclared: none)."""
+    return tuple(getattr(drafter, "feature_layers", ()))
+
+
+def target_forward(ctx: RoundContext, tokens_bt, positions_bt, cache, start_b, block_mask_btt=None):
+    """The target's forward over a block: (final-normed hidden, cache, the drafter's tapped layers or None)."""
+    return ctx.model.forward(tokens_bt, positions_bt, cache, start_b, block_mask_btt, taps=ctx.taps)
 
 
 def commit(ctx: RoundContext, row: SpecRow, tokens_bt, n_b) -> SpecRow:
@@ -126,12 +138,12 @@ def commit(ctx: RoundContext, row: SpecRow, tokens_bt, n_b) -> SpecRow:
     return row.replace(pos_b=row.pos_b + emitted_b, last_b=jnp.where(live_b & (emitted_b > 0), last_b, row.last_b))
 
 
-def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, hidden_btd,
-            block=(None, None, None)) -> SpecState:
-    """Shows the drafter what the round committed (row `old` → s.row) and the target's hidden states there;
-    `block`: (block_bt, block_top_btr, block_len_b) of a speculative round (`Observation`)."""
-    obs = Observation(tokens_bt=tokens_bt, hidden_btd=hidden_btd, n_b=s.row.count_b - old.count_b, pos_b=old.pos_b,
-                      block_bt=block[0], block_top_btr=block[1], block_len_b=block[2])
+def observe(ctx: RoundContext, old: SpecRow, s: SpecState, tokens_bt, seen, block=(None, None, None)) -> SpecState:
+    """Shows the drafter what the round committed (row `old` → s.row) and what the target computed there:
+    `seen` = (final-normed hidden states, tapped layers or None); `block`: (block_bt, block_top_btr,
+    block_len_b) of a speculative round (`Observation`)."""
+    obs = Observation(tokens_bt=tokens_bt, hidden_btd=seen[0], n_b=s.row.count_b - old.count_b, pos_b=old.pos_b,
+                      block_bt=block[0], block_top_btr=block[1], block_len_b=block[2], taps_btx=seen[1])
     return s.replace(draft=ctx.drafter.observe(ctx.model, ctx.draft_params, s.draft, obs))
 
 
@@ -185,21 +197,21 @@ def verify_chain(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     """Chain round: causal block at consecutive positions; nothing to compact.
 
     Returns:
-      (cache, accepted_b, tokens_bt, hidden_btd of the emitted tokens' predictors, reach_b, the block's
-      top-r tokens or None: `verify_target`).
+      (cache, accepted_b, tokens_bt, (hidden_btd, taps or None) of the emitted tokens' predictors, reach_b,
+      the block's top-r tokens or None: `verify_target`).
     """
     block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
     positions_bt = row.pos_b[:, None] + jnp.arange(ctx.k + 1, dtype=jnp.int32)[None, :]
     # Finished rows still ride along (static shapes); their writes land on slots they
     # will never read, within the cache because their pos_b stopped advancing.
-    hidden_btd, cache = ctx.model(block_bt, positions_bt, row.cache, row.pos_b)
+    hidden_btd, cache, taps = target_forward(ctx, block_bt, positions_bt, row.cache, row.pos_b)
     target, top_btr = verify_target(ctx, hidden_btd, state_bt)
     if ctx.sampling.greedy:
         accepted_b, tokens_bt = greedy_verify(target, draft.tokens_bk, draft.len_b)
     else:
         accepted_b, tokens_bt = sampling_verify(target, draft.tokens_bk, draft.len_b, key, ctx.temperature,
                                                 ctx.sampling.top_k, ctx.static_top_p, draft.q_probs_bkv)
-    return cache, accepted_b, tokens_bt, hidden_btd, draft.len_b, top_btr
+    return cache, accepted_b, tokens_bt, (hidden_btd, taps), draft.len_b, top_btr
 
 
 def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
@@ -208,7 +220,8 @@ def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     depth_bk = tree_lib.depths(anc_bkk)
     block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
     positions_bt = tree_lib.block_positions(row.pos_b, depth_bk)
-    hidden_btd, cache = ctx.model(block_bt, positions_bt, row.cache, row.pos_b, tree_lib.block_mask(anc_bkk))
+    hidden_btd, cache, taps = target_forward(ctx, block_bt, positions_bt, row.cache, row.pos_b,
+                                             tree_lib.block_mask(anc_bkk))
     target, top_btr = verify_target(ctx, hidden_btd, state_bt)
     if ctx.sampling.greedy:
         accepted_b, tokens_bt, path_bk = tree_greedy_verify(target, draft.tokens_bk, draft.parent_bk, draft.len_b)
@@ -222,8 +235,9 @@ def verify_tree(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):
     dst_bk = jnp.where(move_bk, row.pos_b[:, None] + 1 + i_bk, cache.num_slots)
     cache = move_slots(cache, row.pos_b[:, None] + 1 + path_bk, dst_bk)
     # Observation row i must be the state that predicted the path's i-th emitted token.
-    hidden_btd = jnp.take_along_axis(hidden_btd, tree_lib.path_rows(path_bk, accepted_b)[..., None], axis=1)
-    return cache, accepted_b, tokens_bt, hidden_btd, tree_lib.max_valid_depth(depth_bk, draft.len_b), top_btr
+    rows_bk1 = tree_lib.path_rows(path_bk, accepted_b)[..., None]
+    seen = tuple(None if x is None else jnp.take_along_axis(x, rows_bk1, axis=1) for x in (hidden_btd, taps))
+    return cache, accepted_b, tokens_bt, seen, tree_lib.max_valid_depth(depth_bk, draft.len_b), top_btr
 
 
 def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> SpecState:
@@ -237,7 +251,7 @@ def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> 
     live_b = ~row.done_b
     key, sub = jax.random.split(row.key)
     verify = verify_chain if draft.parent_bk is None else verify_tree
-    cache, accepted_b, tokens_bt, hidden_btd, reach_b, top_btr = verify(ctx, row, draft, sub, state_bt)
+    cache, accepted_b, tokens_bt, seen, reach_b, top_btr = verify(ctx, row, draft, sub, state_bt)
     if ctx.grammar is not None:  # a token that would not let the row end in time ends the round (close_block)
         tokens_bt, accepted_b, late_b = constrain.close_block(ctx.grammar, row.gram_b, tokens_bt, accepted_b,
                                                               ctx.max_new - row.count_b - 1, ctx.eos_ids)
@@ -261,7 +275,7 @@ def spec_round(ctx: RoundContext, s: SpecState, draft: Draft, state_bt=None) -> 
     if top_btr is not None:
         block_bt = jnp.concatenate([row.last_b[:, None], draft.tokens_bk], axis=1)
         block = (block_bt, top_btr, jnp.where(live_b, 1 + draft.len_b, 0).astype(jnp.int32))
-    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tokens_bt, hidden_btd, block)
+    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tokens_bt, seen, block)
 
 
 def advance_shadow(shadow, draft: Draft, tok_b: jax.Array, live_b: jax.Array):
@@ -310,7 +324,7 @@ def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, sta
     """
     row, pol, cnt = s.row, s.policy, s.counters
     live_b = ~row.done_b
-    hidden_b1d, cache = ctx.model(row.last_b[:, None], row.pos_b[:, None], row.cache, row.pos_b)
+    hidden_b1d, cache, taps = target_forward(ctx, row.last_b[:, None], row.pos_b[:, None], row.cache, row.pos_b)
     hidden_b1d = ctx.profile.head_input(hidden_b1d, row.steps)
     key, sub = jax.random.split(row.key)
     tok_b = loop.next_tokens(ctx.model, hidden_b1d, ctx.profile.live(row.steps), sub, ctx.sampling, ctx.temperature,
@@ -325,4 +339,4 @@ def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, sta
     cnt = cnt.replace(rounds_b=cnt.rounds_b + live_i, plain_rounds_b=cnt.plain_rounds_b + live_i)
     row = row.replace(cache=cache, key=key, steps=row.steps + 1)
     new_row = commit(ctx, row, tok_b[:, None], jnp.ones_like(row.count_b))
-    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tok_b[:, None], hidden_b1d)
+    return observe(ctx, row, SpecState(new_row, pol, cnt, s.draft), tok_b[:, None], (hidden_b1d, taps))

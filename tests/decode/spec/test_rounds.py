@@ -42,7 +42,7 @@ def prefilled(ctx, prompt, first):
     b, t = 2, len(prompt)
     prompt_bt = jnp.asarray([prompt] * b, jnp.int32)
     cache = ctx.model.init_cache(b, t + N_OUT + K)
-    _, _, cache = loop.prefill(ctx.model, cache, prompt_bt, jnp.full((b,), t, jnp.int32))
+    _, _, cache, _ = loop.prefill(ctx.model, cache, prompt_bt, jnp.full((b,), t, jnp.int32))
     return initial_state(ctx, cache, prompt_bt, jnp.full((b,), t, jnp.int32), jnp.ones((b,), bool),
                          jax.random.key(0), jnp.full((b,), first, jnp.int32), N_OUT, ())
 

@@ -73,6 +73,8 @@ class Prefill:
       first_b: the first generated token (sampled from hidden_btd[b, len_b[b] - 1]), at
         position len_b[b]; the first `Observation` continues from there.
       num_slots: cache slots of the target's KV cache (a drafter's own cache can match it).
+      taps_btx: the outputs of the target blocks the drafter declares in `feature_layers` (EAGLE-3),
+        concatenated [B, T, n·D]; None when it declares none.
     """
 
     tokens_bt: jax.Array
@@ -80,6 +82,7 @@ class Prefill:
     hidden_btd: jax.Array
     first_b: jax.Array
     num_slots: int = struct.field(pytree_node=False)
+    taps_btx: jax.Array | None = None
 
 
 @struct.dataclass
@@ -96,6 +99,9 @@ class Observation:
     the target's r most likely next tokens at each block row, block_top_btr [B, k+1, r] (best first,
     from the logits verification computed anyway), and block_len_b, the block rows that were real
     (1 + draft length; 0 for finished rows). Plain rounds and other drafters get None.
+
+    taps_btx [B, T, n·D]: the outputs of the target blocks the drafter declares in `feature_layers`
+    (EAGLE-3), at the same positions as hidden_btd; None when it declares none.
     """
 
     tokens_bt: jax.Array
@@ -105,6 +111,7 @@ class Observation:
     block_bt: jax.Array | None = None
     block_top_btr: jax.Array | None = None
     block_len_b: jax.Array | None = None
+    taps_btx: jax.Array | None = None
 
 
 class Drafter(Protocol):
@@ -121,6 +128,8 @@ class Drafter(Protocol):
     Attributes:
       cheap: whether `propose` costs next to nothing (class attribute; see the module doc). A
         drafter that does not declare it is treated as costly (`is_cheap`).
+      feature_layers: optional; target blocks whose outputs `init` and `observe` need
+        (`Prefill.taps_btx`, `Observation.taps_btx`), e.g. EAGLE-3's fused layers.
     """
 
     cheap: ClassVar[bool]

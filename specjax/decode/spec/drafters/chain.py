@@ -65,8 +65,8 @@ def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
     window = model.cfg.sliding_window if "local" in model.cfg.layer_kinds else None
     block_mask_btt = jnp.broadcast_to(causal_block_mask(t), (b, t, t))
     masks = attention_masks(positions_bt, start_b, kv_k[0].shape[1], block_mask_btt, window)
-    x_btd, (new_k, new_v) = model.run_blocks(model.embed_tokens(tokens_bt), positions_bt, masks, (kv_k, kv_v), start_b,
-                                             layers)
+    x_btd, (new_k, new_v), _ = model.run_blocks(model.embed_tokens(tokens_bt), positions_bt, masks, (kv_k, kv_v),
+                                                start_b, layers)
     return model.final_norm(x_btd), new_k, new_v
 
 

@@ -17,6 +17,10 @@ Per row, with the last committed token x_P at position P (not yet run through th
   * `observe` overwrites slots P … with the committed pairs (so the tree's temporary entries are
     replaced by the target's true features) and takes the last output as the next root feature.
 
+An EAGLE-3 head (`EagleConfig.fuse_layers`) reads, at committed positions, the fusion of the target's
+tapped layers instead of f (`EagleHead.committed_features`); the drafter declares those layers in
+`feature_layers`, so the loop hands their outputs over (`Prefill.taps_btx`, `Observation.taps_btx`).
+
 Drafts are deterministic (top-k), so q = None: verification treats each node as a point mass,
 which keeps tree sampling lossless with any weights.
 """
@@ -63,6 +67,7 @@ class EagleDrafter:
         under the draft is at least this (nodes are best-first, so they form a prefix); 0 keeps all
         k. A row left with no node drafts nothing (len_b = 0), which lets the loop's adaptive policy
         fall back to plain rounds when the head is unsure.
+      feature_layers: the target blocks an EAGLE-3 head fuses (set by `build` from the head's config).
     The tree budget is the loop's k (SpecConfig.k): 1 <= k <= top_k + (depth-1)·top_k².
     """
 
@@ -72,6 +77,7 @@ class EagleDrafter:
     depth: int = 4
     top_k: int = 4
     min_path_prob: float = 0.0
+    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("depth", "top_k"):
@@ -86,7 +92,8 @@ class EagleDrafter:
         """(drafter, draft_params) for an EAGLE head on `model`, optionally over a `DraftVocab`."""
         graphdef, weights = nnx.split(head)
         table = None if vocab is None else vocab_head(model, vocab)
-        return cls(graphdef, depth, top_k, float(min_path_prob)), HeadParams(weights=weights, vocab=table)
+        return (cls(graphdef, depth, top_k, float(min_path_prob), tuple(head.cfg.fuse_layers)),
+                HeadParams(weights=weights, vocab=table))
 
     @property
     def tree_slots(self) -> int:
@@ -105,8 +112,8 @@ class EagleDrafter:
         next_bt = next_bt.at[rows, prefill.len_b - 1].set(prefill.first_b)
         cache = head.init_cache(b, prefill.num_slots + self.tree_slots)
         positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        g_btd, cache = head(prefill.hidden_btd, next_bt, model.embed[...], positions_bt, cache,
-                            jnp.zeros((b,), jnp.int32))
+        feat_btd = head.committed_features(prefill.hidden_btd, prefill.taps_btx)
+        g_btd, cache = head(feat_btd, next_bt, model.embed[...], positions_bt, cache, jnp.zeros((b,), jnp.int32))
         return EagleState(cache=cache, root_feat_bd=g_btd[rows, prefill.len_b - 1])
 
     def observe(self, model, draft_params: HeadParams, draft_state: EagleState, obs: Observation) -> EagleState:
@@ -114,8 +121,8 @@ class EagleDrafter:
         head = self._head(draft_params)
         b, t = obs.tokens_bt.shape
         positions_bt = obs.pos_b[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-        g_btd, cache = head(obs.hidden_btd, obs.tokens_bt, model.embed[...], positions_bt, draft_state.cache,
-                            obs.pos_b)
+        feat_btd = head.committed_features(obs.hidden_btd, obs.taps_btx)
+        g_btd, cache = head(feat_btd, obs.tokens_bt, model.embed[...], positions_bt, draft_state.cache, obs.pos_b)
         last_bd = g_btd[jnp.arange(b), jnp.maximum(obs.n_b - 1, 0)]
         root_bd = jnp.where((obs.n_b > 0)[:, None], last_bd, draft_state.root_feat_bd)
         return EagleState(cache=cache, root_feat_bd=root_bd)

@@ -17,6 +17,7 @@ from specjax.decode import Observation, Prefill
 from specjax.decode.spec.drafters.eagle import EagleDrafter, EagleDrafterError
 from specjax.decode.spec.drafters.heads import output_head
 from specjax.models import DraftVocab, EagleConfig, EagleHead
+from specjax.models.config import ConfigError
 
 DEPTH, TOPK = 3, 3
 PROMPTS = [[2, 10, 11, 12, 13, 14], [2, 30, 31, 32]]  # ragged: P differs per row
@@ -35,15 +36,17 @@ def prefill(tiny_model):
     return _prefill(tiny_model)
 
 
-def _prefill(model):
+def _prefill(model, taps=()):
     t = max(map(len, PROMPTS))
     tokens = np.zeros((len(PROMPTS), t), np.int32)
     for i, p in enumerate(PROMPTS):
         tokens[i, :len(p)] = p
     len_b = jnp.array([len(p) for p in PROMPTS])
-    hidden, _ = nnx.jit(lambda m, x: m(x, jnp.broadcast_to(jnp.arange(t), x.shape)))(model, jnp.asarray(tokens))
+    run = nnx.jit(lambda m, x: m.forward(x, jnp.broadcast_to(jnp.arange(t), x.shape), taps=taps))
+    hidden, _, taps_btx = run(model, jnp.asarray(tokens))
     first = jnp.argmax(model.logits(hidden[jnp.arange(2), len_b - 1][:, None])[:, 0], -1)
-    return Prefill(tokens_bt=jnp.asarray(tokens), len_b=len_b, hidden_btd=hidden, first_b=first, num_slots=16)
+    return Prefill(tokens_bt=jnp.asarray(tokens), len_b=len_b, hidden_btd=hidden, first_b=first, num_slots=16,
+                   taps_btx=taps_btx)
 
 
 @nnx.jit
@@ -126,6 +129,30 @@ def test_tree_scores_match_chain_recomputation(tiny_model, setup, prefill, reduc
         ctx_feats[b] += [np.asarray(obs_hidden)[b, i] for i in range(n)]
         ctx_toks[b] += [int(obs.tokens_bt[b, i]) for i in range(n)]
     _check_pool(drafter, params, tiny_model, head, ctx_feats, ctx_toks, pos_b + jnp.array([2, 1]), ds2)
+
+
+def test_an_eagle3_head_drafts_from_the_fused_target_layers(tiny_model):
+    """EAGLE-3: committed pairs carry fuse(taps) instead of the final hidden state, at init and at observe."""
+    head = EagleHead(EagleConfig.from_target(tiny_config(), fuse_layers=(0, 2)), rngs=nnx.Rngs(8))
+    drafter, params = EagleDrafter.build(head, tiny_model, depth=DEPTH, top_k=TOPK)
+    assert drafter.feature_layers == (0, 2)
+    pre = _prefill(tiny_model, drafter.feature_layers)
+    ds = _hook(drafter, "init", tiny_model, params, pre)
+    fused = np.asarray(nnx.jit(lambda h, x: h.fuse_features(x))(head, pre.taps_btx))
+    ctx_feats = [[fused[b, t] for t in range(len(p))] for b, p in enumerate(PROMPTS)]
+    ctx_toks = [p[1:] + [int(pre.first_b[b])] for b, p in enumerate(PROMPTS)]
+    _check_pool(drafter, params, tiny_model, head, ctx_feats, ctx_toks, pre.len_b, ds)
+    obs_taps = jax.random.normal(jax.random.key(6), (2, 1, 64))
+    obs = Observation(tokens_bt=jnp.array([[20], [40]]), hidden_btd=jnp.zeros((2, 1, 32)), n_b=jnp.array([1, 1]),
+                      pos_b=pre.len_b, taps_btx=obs_taps)
+    ds2 = _hook(drafter, "observe", tiny_model, params, ds, obs)
+    fused_obs = np.asarray(nnx.jit(lambda h, x: h.fuse_features(x))(head, obs_taps))
+    for b in range(2):
+        ctx_feats[b].append(fused_obs[b, 0])
+        ctx_toks[b].append(int(obs.tokens_bt[b, 0]))
+    _check_pool(drafter, params, tiny_model, head, ctx_feats, ctx_toks, pre.len_b + 1, ds2)
+    with pytest.raises(ConfigError, match="no tapped features"):
+        _hook(drafter, "observe", tiny_model, params, ds, obs.replace(taps_btx=None))
 
 
 def test_budget_beyond_pool_is_refused(tiny_model, setup):

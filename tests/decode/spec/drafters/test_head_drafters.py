@@ -26,8 +26,8 @@ TOK = ByteTokenizer()
 PROMPTS8 = ["abcabcabcabc", "hello hello", "xyz", "the cat the cat", "q", "mississippi", "aaaa", "zyx zyx z"]
 
 
-def _eagle(model, vocab=None, depth=3, top_k=3, min_path_prob=0.0):
-    head = EagleHead(EagleConfig.from_target(model.cfg), rngs=nnx.Rngs(11))
+def _eagle(model, vocab=None, depth=3, top_k=3, min_path_prob=0.0, fuse_layers=()):
+    head = EagleHead(EagleConfig.from_target(model.cfg, fuse_layers), rngs=nnx.Rngs(11))
     return EagleDrafter.build(head, model, vocab, depth=depth, top_k=top_k, min_path_prob=min_path_prob)
 
 
@@ -43,17 +43,18 @@ def plain(tiny_model):
     return Generator(tiny_model, TOK)
 
 
-@pytest.mark.parametrize("which", ["medusa", "eagle"])
+@pytest.mark.parametrize("which", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 8])
 def test_random_heads_are_lossless(tiny_model, plain, which, batch):
     # The ragged batch also runs EAGLE's confidence-cut trees under the adaptive policy (plain rounds,
-    # one-token observations, rows drafting nothing).
-    adaptive = which == "eagle" and batch == 8
+    # one-token observations, rows drafting nothing); "eagle3" reads fused target layers in every round kind.
+    adaptive = which.startswith("eagle") and batch == 8
     if which == "medusa":
         drafter, params = _medusa(tiny_model)
         k = drafter.tree.size
     else:
-        drafter, params = _eagle(tiny_model, min_path_prob=0.02 if adaptive else 0.0)
+        drafter, params = _eagle(tiny_model, min_path_prob=0.02 if adaptive else 0.0,
+                                 fuse_layers=(0, 2) if which == "eagle3" else ())
         k = 6
     cfg = GenerateConfig(max_new_tokens=12, batch_size=batch, ignore_eos=True)
     prompts = PROMPTS8 if batch == 8 else PROMPTS8[:2]

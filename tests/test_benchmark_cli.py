@@ -20,6 +20,8 @@ ROUNDS_LIMITS = "error: --k must be ≥ 1, --tokens ≥ 2 and --reps ≥ 2 (the 
     ("plain_rounds.py", ["--weights", "q3"], "error: --weights: unknown 'q3' (known: float32, bfloat16, int8, q4)"),
     ("plain_rounds.py", ["--k", "0"], ROUNDS_LIMITS),
     ("plain_rounds.py", ["--reps", "1"], ROUNDS_LIMITS),
+    ("eagle_depth_acc.py", ["/nonexistent/run"], "error: no saved best checkpoint under /nonexistent/run"),
+    ("eagle_depth_acc.py", ["/nonexistent/run", "--depth", "0"], "error: --depth must be in [1, 16]"),
 ])
 def test_bad_options_are_one_error_line(script, args, message):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.models.config import ConfigError, ModelConfig
+from specjax.models.config import ConfigError, ModelConfig, increasing_layers
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask
 from specjax.models.layers import Linear, RMSNorm
 from specjax.models.transformer import Block
@@ -63,23 +63,20 @@ class EagleConfig:
             raise ConfigError(f"EagleConfig.layer must have one global layer, got {self.layer.layer_kinds}")
         if self.vocab_size < 1:
             raise ConfigError(f"EagleConfig.vocab_size must be positive, got {self.vocab_size}")
-        fl = self.fuse_layers
-        if any(not isinstance(i, int) or i < 0 for i in fl) or list(fl) != sorted(set(fl)):
-            raise ConfigError(f"EagleConfig.fuse_layers must be increasing non-negative layer indices, got {fl}")
+        if not increasing_layers(self.fuse_layers):
+            raise ConfigError(f"EagleConfig.fuse_layers must be increasing non-negative layer indices, "
+                              f"got {self.fuse_layers}")
 
     @property
     def d_model(self) -> int:
         return self.layer.d_model
 
     @classmethod
-    def from_target(cls, target: ModelConfig, fuse_layers: tuple[int, ...] | str = ()) -> EagleConfig:
+    def from_target(cls, target: ModelConfig, fuse_layers: tuple[int, ...] = ()) -> EagleConfig:
         """One decoder layer of the target's own shape (heads, widths, norms, activation).
 
-        fuse_layers: target blocks to fuse (EAGLE-3), "auto" for EAGLE-3's choice (`default_fuse_layers`),
-        or empty for the final-normed feature.
+        fuse_layers: target blocks to fuse (EAGLE-3: blocks 2, L/2 and L-3), or empty for the final-normed feature.
         """
-        if fuse_layers == "auto":
-            fuse_layers = default_fuse_layers(target.n_layers)
         bad = [i for i in fuse_layers if not 0 <= i < target.n_layers]
         if bad:
             raise ConfigError(f"fuse_layers {bad} are outside the target's {target.n_layers} layers")
@@ -87,11 +84,6 @@ class EagleConfig:
         return cls(layer=layer, vocab_size=target.vocab_size, embed_multiplier=target.embed_multiplier,
                    fuse_layers=tuple(fuse_layers))
 
-
-def default_fuse_layers(n_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low / mid / high layers (its reference code taps blocks 2, L/2 and L-3; shallower
-    targets get distinct indices as far as they go)."""
-    return tuple(sorted({min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)}))
 
 
 class EagleHead(nnx.Module):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from specjax.models.config import increasing_layers
+
 
 class TrainConfigError(ValueError):
     """An option that the trainer cannot use; the message names the option."""
@@ -243,7 +245,7 @@ def validate(cfg: TrainConfig) -> None:
     _need(o.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     _need(0.0 <= cfg.loss.kd_weight <= 1.0, f"loss.kd_weight must be in [0, 1], got {cfg.loss.kd_weight}")
     _need(cfg.loss.kd_temperature > 0, f"loss.kd_temperature must be > 0, got {cfg.loss.kd_temperature}")
-    _need(all(i >= 0 for i in t.eagle_layers) and list(t.eagle_layers) == sorted(set(t.eagle_layers)),
+    _need(increasing_layers(t.eagle_layers),
           f"task.eagle_layers must be increasing layer indices >= 0, got {list(t.eagle_layers)}")
     _need(1 <= cfg.loss.eagle_ttt_steps <= 16,
           f"loss.eagle_ttt_steps must be in [1, 16], got {cfg.loss.eagle_ttt_steps}")

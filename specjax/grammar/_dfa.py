@@ -61,14 +61,38 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
     if dead is not None:
         part[dead] = 2  # the dead state is alone (and equal to the sink)
         part[sink] = 2
-    count = len(np.unique(part))
     t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
+    hashed = _refine(part, t_full, exact=False)
+    signature = np.concatenate([part[:, None], hashed[t_full]], axis=1)
+    first = np.unique(hashed, return_index=True)[1]
+    if (signature == signature[first[hashed]]).all():  # a congruence refining acceptance: the minimal partition
+        return hashed[:n], int(hashed.max()) + 1
+    part = _refine(part, t_full, exact=True)
+    return part[:n], int(part.max()) + 1
+
+
+def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
+    """Moore rounds until the number of blocks stops growing.
+
+    ``exact=False`` tells rows apart by one 64-bit hash per row and checks nothing per round. A collision can
+    only merge blocks, so each round's partition is then coarser than or equal to the exact one; if the result
+    is a congruence refining the initial partition (every block's members start alike and have equal successor
+    blocks, which ``minimize`` checks once), it is no coarser than the minimal partition (the coarsest such
+    congruence) and no finer, so it is the minimal one. Only if that check fails does
+    ``minimize`` rerun the rounds exactly (``row_ids``, which compares rows every round).
+    """
+    mult = np.random.default_rng(1).integers(1, 2**62, t_full.shape[1] + 1, dtype=np.int64) | 1
+    count = len(np.unique(part))
     while True:
         _deadline.check()
-        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
+        if exact:
+            part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
+        else:  # wraps around: fine for a hash
+            part = np.unique(part * mult[0] + (part[t_full] * mult[1:]).sum(axis=1), return_inverse=True)[1]
+            part = part.reshape(-1)
         new_count = int(part.max()) + 1
         if new_count == count:
-            return part[:n], new_count
+            return part
         count = new_count
 
 

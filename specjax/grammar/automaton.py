@@ -188,8 +188,12 @@ class _Builder:
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
         self.term_trans = [d.trans[:, first].tolist() for d in dfas]
+        self.term_trans_np = [np.ascontiguousarray(d.trans[:, first], np.int32) for d in dfas]
+        self._alike_memo: dict[tuple[frozenset, frozenset], tuple[np.ndarray, np.ndarray]] = {}
         self.term_accept = [d.accept.tolist() for d in dfas]
-        self.alts_of = [cfg.alts_of(n) for n in range(len(cfg.rule_names))]
+        self.alts_of: list[list[int]] = [[] for _ in cfg.rule_names]  # per nonterminal, its alternatives
+        for i, (lhs, _) in enumerate(cfg.alts):
+            self.alts_of[lhs].append(i)
         # A parser configuration is the sequence of symbols still to be matched (the stack, flattened):
         # equal futures then have equal keys however they were reached (a list's first and later elements,
         # "(a+(" and "(("), which keeps the subset construction close to the minimal automaton.
@@ -355,9 +359,10 @@ class _Builder:
             threads, is_init = order[len(rows)]
             accepts.append(self._boundaries[start][1] if is_init else any(
                 self.term_accept[t][q] and self._boundaries[c][1] for t, q, c in threads))
+            reps, inverse = self._alike_classes(threads)
             row = []
-            for cls in range(self.n_cls):
-                nxt = self._step(threads, cls)
+            for cls in reps:  # one step per group of classes that every live thread treats alike
+                nxt = self._step(threads, int(cls))
                 if nxt is None:
                     row.append(-1)
                     continue
@@ -368,8 +373,32 @@ class _Builder:
                     ids[key] = len(order)
                     order.append(key)
                 row.append(ids[key])
-            rows.append(row)
+            rows.append(np.asarray(row, np.int32)[inverse])
         return np.array(rows, np.int32).reshape(len(rows), self.n_cls), np.array(accepts, bool), self
+
+    def _alike_classes(self, threads: frozenset) -> tuple[np.ndarray, np.ndarray]:
+        """Byte classes that ``_step`` maps alike from ``threads``: (one class per group, each class's group).
+
+        ``_step`` reads a class only through the live threads' terminal transitions and, when a lexeme may end,
+        the fresh threads' first transitions; classes with equal columns there step alike. A state has a
+        handful of such groups out of ~50 classes, and each step is Python work on sets.
+        """
+        live = frozenset((t, q) for t, q, _ in threads)
+        ended = frozenset(c for t, q, c in threads if self.term_accept[t][q])
+        fresh = frozenset(t for t, _ in self._fresh(self._union(ended))) if ended else frozenset()
+        key = (live, fresh)  # the columns depend on these only, and many states share them
+        if (hit := self._alike_memo.get(key)) is not None:
+            return hit
+        cols = [self.term_trans_np[t][q] for t, q in live] + [self.term_trans_np[t][0] for t in fresh]
+        if not cols:
+            out = np.zeros(1, np.int64), np.zeros(self.n_cls, np.int64)
+        else:
+            sig = np.ascontiguousarray(np.stack(cols, axis=1))  # [n_cls, columns]
+            _, reps, inverse = np.unique(sig.view(np.dtype((np.void, sig.shape[1] * 4))).reshape(-1),
+                                         return_index=True, return_inverse=True)
+            out = reps, inverse.reshape(-1)
+        self._alike_memo[key] = out
+        return out
 
     def _step(self, threads: frozenset, cls: int) -> frozenset | None:
         nxt = self._advance(threads, cls)

@@ -23,6 +23,8 @@ import re
 
 import lark
 import lark.exceptions
+import lark.lexer
+from lark import load_grammar as lark_load_grammar
 from lark.load_grammar import load_grammar
 
 from specjax.grammar import _deadline
@@ -58,8 +60,22 @@ class Cfg:
     ignore: tuple[int, ...]
     nullable: tuple[bool, ...]
 
-    def alts_of(self, n: int) -> list[int]:
-        return [i for i, (lhs, _) in enumerate(self.alts) if lhs == n]
+
+def _build_lark_meta_parser() -> None:
+    """Builds lark's parser of its own grammar language (once per process) without its regex-collision check.
+
+    lark checks the terminals of its fixed meta-grammar for collisions with interegular when it first builds that
+    parser: 0.25 s of the first compile in every process, for warnings about a grammar no user writes. The
+    check only runs while ``lark.lexer.has_interegular`` is set, so it is unset for that one build.
+    """
+    if hasattr(lark_load_grammar._get_parser, "cache"):
+        return
+    had = lark.lexer.has_interegular
+    lark.lexer.has_interegular = False
+    try:
+        lark_load_grammar._get_parser()
+    finally:
+        lark.lexer.has_interegular = had
 
 
 def load_lark(text: str, start: str = "start") -> Cfg:
@@ -76,6 +92,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
         needs a postlexer), an unsupported regex construct, indirect left recursion, or a start rule that
         derives no string.
     """
+    _build_lark_meta_parser()
     try:
         # lark's own loader and EBNF → BNF compiler, without building a parser (lark.Lark would also build an
         # Earley parser and check regex collisions, minutes on large grammars that we do not need). Every rule

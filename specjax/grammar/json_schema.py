@@ -30,6 +30,7 @@ from specjax.grammar._json_text import NUMBER_REGEX
 
 __all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
 
+_RULE_NAME = re.compile(r"\b(?:s_\w+|any_value)\b")  # names the front-end gives rules (_new_name, any_value)
 _MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
 _REFUSAL_WHY = {
@@ -53,7 +54,8 @@ class JsonSchemaOptions:
       max_repeat: at most this many items in an array without `maxItems` (or `minItems` items if more) and
         extra properties per object; None: unbounded (exact). A bound makes constrained generation finish where
         a model would loop on a free-form repetition; narrower than the schema, still sound. Generic JSON
-        values (`{}`) stay unbounded: a counter per nesting level would multiply the automaton.
+        values (`{}`) stay unbounded: a counter per nesting level would multiply the automaton; so do arrays
+        whose items may hold one (the counter copies the item's automaton once per position).
       strict_objects: True: never generate properties outside `properties` (+ required), even
         where the schema allows them (narrower than the schema, still sound; xgrammar's default).
     """
@@ -113,6 +115,7 @@ class _Compiler:
         self.ws_terminal = (f"WS: /[ \\t\\n\\r]{{1,{n}}}/" if n else "WS: /[ \\t\\n\\r]+/") if ws else ""
         self.types = TypeEmitter(self)
         self.has_refs = '"$ref"' in json.dumps(root)
+        self.option_counted: set[str] = {"any_value"}  # rules that max_repeat may not nest in (see TypeEmitter.array)
 
     # ------------------------------------------------------------------------------------- output
     def compile(self) -> str:
@@ -177,6 +180,18 @@ class _Compiler:
             name = f"{base}_{k}"
         self.suffix[base] = k + 1
         return name
+
+    def reaches(self, name: str | None, targets: set[str]) -> bool:
+        """Whether the rule ``name`` is one of ``targets`` or uses one, directly or through other rules."""
+        seen, todo = set(), [name] if name else []
+        while todo:
+            rule = todo.pop()
+            if rule in targets:
+                return True
+            if rule not in seen:
+                seen.add(rule)
+                todo += [r for r in _RULE_NAME.findall(self.rules.get(rule, "")) if r not in seen]
+        return False
 
     def any_value(self) -> str:
         """Rules for an unconstrained JSON value (schema `true` or `{}`)."""

@@ -8,7 +8,7 @@ tokens from every state is vectorised three ways:
   length ≤ the longest token" and on acceptance (for EOS) — a bounded Moore refinement finds these
   classes, and only one representative per class is walked;
 * **byte classes**: bytes that act alike in every state are one symbol, so tokens with equal class
-  strings are one column;
+  strings are one column (found by folding the vocabulary's byte trie, built once, see ``_vocab_trie``);
 * **a trie**: the unique class strings are walked level by level from chunks of representatives, carrying
   only the live (representative, trie node) pairs: from most states most tokens die within a byte or two, so
   this is a few percent of the dense [representatives, trie nodes] walk.
@@ -20,6 +20,7 @@ import numpy as np
 
 from specjax.grammar import _deadline
 from specjax.grammar._dfa import byte_classes, row_ids
+from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
 from specjax.grammar.automaton import DEAD, ByteAutomaton
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
@@ -49,6 +50,15 @@ class Vocabulary:
         self.kind_v = np.where(self.length_v > 0, 0, 2).astype(np.int8)  # 0 text, 1 EOS, 2 special
         self.kind_v[list(self.eos_ids)] = 1
         self._token_bytes = token_bytes
+        self._trie: ByteTrie | None = None
+
+    @property
+    def trie(self) -> ByteTrie:
+        """The text tokens' byte trie (built on first use, ~0.3 s for 262,144 tokens, then shared by every grammar)."""
+        if self._trie is None:
+            text = self.kind_v == 0
+            self._trie = ByteTrie(self.bytes_vl[text], self.length_v[text])
+        return self._trie
 
 
 def pack_bits(bits_rv: np.ndarray) -> np.ndarray:
@@ -70,20 +80,19 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     trans_sc = trans[:, first]
     state_class = _bounded_classes(trans_sc, auto.accept_s, vocab.max_len)
     reps = np.unique(state_class, return_index=True)[1]
-    text = vocab.kind_v == 0
-    uniq, tok_string = _class_strings(vocab, cls_b, text)
-    trie = _Trie(uniq)
+    trie, tok_string = ClassTrie.fold(vocab.trie, cls_b, n_cls)
     # Rows are first told apart over the U unique class strings (+ acceptance): far fewer columns than V.
     row_index: dict[bytes, int] = {}
     row_keys: list[np.ndarray] = []
     row_of_rep = np.zeros(len(reps), np.int64)
-    for members, stays, sub, sub_trie in _loop_groups(trans_sc, reps, uniq, trie):
+    for members, stays, sub, sub_trie in _loop_groups(trans_sc, reps, trie):
         local: dict[bytes, int] = {}  # this group's rows told apart over its leaving strings only
         for lo in range(0, len(members), _CHUNK):
             _deadline.check()
             chunk = members[lo:lo + _CHUNK]
-            alive = _walk(trans_sc, n_cls, reps[chunk], sub_trie, len(sub))
-            alive = np.concatenate([alive, auto.accept_s[reps[chunk]][:, None]], axis=1)
+            alive = np.zeros((len(chunk), len(sub) + 1), bool)  # + acceptance, for EOS (no copy to append it)
+            alive[:, -1] = auto.accept_s[reps[chunk]]
+            _walk(trans_sc, n_cls, reps[chunk], sub_trie, alive)
             packed = np.packbits(alive, axis=1)
             keys, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1),
                                               return_index=True, return_inverse=True)
@@ -99,10 +108,10 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
                         row_keys.append(row)
                 ids[k] = j
             row_of_rep[chunk] = ids[inverse.reshape(-1)]
-    return _expand_rows(np.stack(row_keys), vocab, tok_string, len(uniq)), row_of_rep[state_class].astype(np.int32)
+    return _expand_rows(np.stack(row_keys), vocab, tok_string, trie.n_strings), row_of_rep[state_class].astype(np.int32)
 
 
-def _loop_groups(trans_sc: np.ndarray, reps: np.ndarray, uniq: np.ndarray, trie: _Trie):
+def _loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie):
     """Representatives grouped by their self-loop classes: (members, stays [U], leaving strings, their trie).
 
     A class string made only of a state's self-loop classes walks from the state back to itself, so it is alive
@@ -114,15 +123,15 @@ def _loop_groups(trans_sc: np.ndarray, reps: np.ndarray, uniq: np.ndarray, trie:
     loops_rc = trans_sc[reps] == reps[:, None]
     loops_rc[reps == DEAD] = False  # the dead state loops on everything but is alive nowhere
     group = row_ids(loops_rc.astype(np.int64))
-    everything = np.arange(len(uniq))
+    everything = np.arange(trie.n_strings)
     for g in range(int(group.max()) + 1 if len(group) else 0):
         members = np.nonzero(group == g)[0]
-        stays = trie.strings_within(loops_rc[members[0]], len(uniq))
+        stays = trie.strings_within(loops_rc[members[0]])
         sub = np.nonzero(~stays)[0]
-        if len(sub) > len(uniq) // 2:
-            yield members, np.zeros(len(uniq), bool), everything, trie
+        if len(sub) > trie.n_strings // 2:
+            yield members, np.zeros(trie.n_strings, bool), everything, trie
         else:
-            yield members, stays, sub, _Trie(uniq[sub])
+            yield members, stays, sub, trie.restricted(sub)
 
 
 def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray, n_strings: int) -> np.ndarray:
@@ -135,21 +144,6 @@ def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray,
     # np.take, not fancy indexing along axis 1: ~10x faster for [rows, 262,144] gathers.
     return np.concatenate([pack_bits(np.take(alive_rk[lo:lo + _CHUNK], column_v, axis=1).view(bool))
                            for lo in range(0, len(alive_rk), _CHUNK)])
-
-
-def _class_strings(vocab: Vocabulary, cls_b: np.ndarray, text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique byte-class strings of the text tokens (uint8 [U, L], classes + 1, 0-padded) and each token's.
-
-    Vectorised over the vocabulary: each token's bytes are mapped to classes in one gather and the padded rows
-    are deduplicated by value (a per-token Python loop over 262,144 tokens took 1-3 s of every compile).
-    """
-    cls = np.append(cls_b + 1, 0).astype(np.uint8)  # index 256: padding
-    length = vocab.length_v[text]
-    padded = np.where(np.arange(vocab.max_len) < length[:, None], vocab.bytes_vl[text].astype(np.int64), 256)
-    strings = np.ascontiguousarray(cls[padded])
-    keys = strings.view(np.dtype((np.void, strings.shape[1]))).reshape(-1)
-    _, first, ids = np.unique(keys, return_index=True, return_inverse=True)
-    return strings[first], ids.reshape(-1).astype(np.int64)
 
 
 def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np.ndarray:
@@ -166,51 +160,12 @@ def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np
     return row_ids(np.stack([part, accept.astype(np.int64)], axis=1))
 
 
-class _Trie:
-    """The unique class strings as a trie, stored per level: each level's nodes are sorted by parent, so the
-    children of a node of the level above are one contiguous range (``child_start``)."""
-
-    def __init__(self, strings_ul: np.ndarray):
-        self.symbol, self.child_start, self.end_string, self.parent = [], [], [], []
-        node = np.zeros(len(strings_ul), np.int64)  # node of each string's prefix at the previous level
-        lengths = (strings_ul > 0).sum(axis=1)
-        base = int(strings_ul.max(initial=0)) + 1
-        n_above = 1  # the root
-        for k in range(strings_ul.shape[1]):
-            live = np.nonzero(lengths > k)[0]
-            if len(live) == 0:
-                break
-            key = node[live] * base + strings_ul[live, k]
-            uniq, inv = np.unique(key, return_inverse=True)  # sorted by parent, then symbol
-            node[live] = inv.reshape(-1)
-            self.symbol.append((uniq % base) - 1)
-            self.parent.append(uniq // base)
-            self.child_start.append(np.searchsorted(uniq // base, np.arange(n_above + 1)))
-            end = np.full(len(uniq), -1, np.int64)
-            done = live[lengths[live] == k + 1]
-            end[node[done]] = done  # strings are unique: at most one ends at a node
-            self.end_string.append(end)
-            n_above = len(uniq)
-
-    def strings_within(self, allowed_c: np.ndarray, n_strings: int) -> np.ndarray:
-        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes)."""
-        out = np.zeros(n_strings, bool)
-        inside = np.ones(1, bool)  # the root
-        for symbol, parent, end_string in zip(self.symbol, self.parent, self.end_string, strict=True):
-            inside = inside[parent] & allowed_c[symbol]
-            out[end_string[inside & (end_string >= 0)]] = True
-            if not inside.any():
-                break
-        return out
-
-
-def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: _Trie, n_strings: int) -> np.ndarray:
-    """alive [len(states), n_strings] after walking every class string from every given state.
+def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: ClassTrie, alive: np.ndarray) -> None:
+    """Sets ``alive[i, j]`` (bool [len(states), ≥ n_strings], zeros) iff string j from ``states[i]`` stays alive.
 
     Only live (start state, trie node) pairs are carried from level to level: from most states most tokens
     die on their first byte or two, so this is a small fraction of the dense [states, trie nodes] walk.
     """
-    alive = np.zeros((len(states), n_strings), bool)
     flat = trans_sc.reshape(-1)
     row = np.arange(len(states))  # live pairs: start state (index into states), trie node, current state
     node = np.zeros(len(states), np.int64)
@@ -229,4 +184,3 @@ def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: _Trie, n_s
         alive[row[hit], ends[hit]] = True
         if len(row) == 0:
             break
-    return alive

@@ -168,3 +168,19 @@ def test_no_leading_ignored_text_by_default():
     assert allowed_ids(tables, tables.initial_state) == [ord("a") - 30]  # token id = byte - 32 + 2
     lark_like = compile_(IGNORED, leading_ignore=True)
     assert accepts(lark_like, " a ") and accepts(lark_like, "a , a")
+
+
+def test_first_compile_skips_larks_meta_grammar_collision_check():
+    # lark's check of its own meta-grammar's terminals cost 0.25 s of every process's first compile; with it
+    # made to fail, a fresh process must still load a grammar (and leave lark's flag as it found it).
+    import subprocess
+    import sys
+
+    code = ("import lark.lexer\n"
+            "def boom(*a, **k): raise AssertionError('collision check ran')\n"
+            "lark.lexer._check_regex_collisions = boom\n"
+            "from specjax.grammar.frontend import load_lark\n"
+            "load_lark('start: \"a\" B\\nB: /b+/\\n')\n"
+            "assert lark.lexer.has_interegular\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

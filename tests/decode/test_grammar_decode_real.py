@@ -11,6 +11,7 @@ import lark
 import pytest
 
 from specjax.decode import GenerateConfig, Generator, GrammarSpec, GrammarSpecError, SpecConfig, SpeculativeGenerator
+from specjax.decode.constrain import closing_of
 
 pytestmark = pytest.mark.real_model
 
@@ -55,9 +56,15 @@ def run_schemas(generator, pairs, max_new_tokens=128, batch_size=4, **kw):
     for sid, schema in pairs:
         try:
             spec = GrammarSpec("json_schema", json.dumps(schema), origin=sid)
-            generator._grammar_tables(spec, lambda m: None)
+            tables = generator._grammar_tables(spec, lambda m: None)
         except GrammarSpecError:
             continue  # refused with a message: coverage is measured elsewhere
+        dist, _ = closing_of(tables)
+        if dist[tables.initial_state] + 1 > max_new_tokens:
+            # Closing guarantees a complete row only when the budget covers the shortest instance in
+            # single-byte tokens (+ EOS); Github_hard/o89734 needs 182. Such rows are left to the model.
+            print(f"{sid}: shortest instance {dist[tables.initial_state]} single-byte tokens, over the budget")
+            continue
         specs.append(spec)
         kept.append((sid, schema))
     cfg = GenerateConfig(max_new_tokens=max_new_tokens, batch_size=min(batch_size, len(specs)), chat=True,

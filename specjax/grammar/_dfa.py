@@ -31,18 +31,19 @@ def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
     return rank[cls.reshape(-1)].astype(np.int32), len(first)
 
 
-def row_ids(rows_nk: np.ndarray) -> np.ndarray:
+def row_ids(rows_nk: np.ndarray, check: bool = True) -> np.ndarray:
     """Dense ids of the distinct rows of an int64 matrix (equal rows, equal ids), exactly.
 
     Rows are hashed to one int64 each and the hashes sorted (much faster than ``np.unique(axis=0)``, which
     sorts whole rows); a hash collision is detected by comparing every row with its group's first row, and
-    only then are whole rows sorted.
+    only then are whole rows sorted. ``check=False`` skips that comparison: a collision then gives two
+    different rows one id (callers that check their final result, as ``minimize`` does).
     """
     mult = np.random.default_rng(0).integers(1, 2**62, rows_nk.shape[1], dtype=np.int64) | 1
     hashes = (rows_nk * mult).sum(axis=1)  # wraps around: fine for a hash
     _, first, ids = np.unique(hashes, return_index=True, return_inverse=True)
     ids = ids.reshape(-1)
-    if not (rows_nk == rows_nk[first[ids]]).all():
+    if check and not (rows_nk == rows_nk[first[ids]]).all():
         ids = np.unique(rows_nk, axis=0, return_inverse=True)[1].reshape(-1)
     return ids
 
@@ -74,22 +75,17 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
 def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
     """Moore rounds until the number of blocks stops growing.
 
-    ``exact=False`` tells rows apart by one 64-bit hash per row and checks nothing per round. A collision can
-    only merge blocks, so each round's partition is then coarser than or equal to the exact one; if the result
-    is a congruence refining the initial partition (every block's members start alike and have equal successor
-    blocks, which ``minimize`` checks once), it is no coarser than the minimal partition (the coarsest such
-    congruence) and no finer, so it is the minimal one. Only if that check fails does
-    ``minimize`` rerun the rounds exactly (``row_ids``, which compares rows every round).
+    ``exact=False`` tells rows apart by one 64-bit hash per row and checks nothing per round (``row_ids``
+    without its check). A collision can only merge blocks, so each round's partition is then coarser than or
+    equal to the exact one. If the result is a congruence refining the initial partition (every block's
+    members start alike and have equal successor blocks, which ``minimize`` checks once), it is no coarser
+    than the minimal partition (the coarsest such congruence) and no finer, so it is the minimal one. Only if
+    that check fails does ``minimize`` rerun the rounds exactly (``row_ids`` comparing rows every round).
     """
-    mult = np.random.default_rng(1).integers(1, 2**62, t_full.shape[1] + 1, dtype=np.int64) | 1
     count = len(np.unique(part))
     while True:
         _deadline.check()
-        if exact:
-            part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
-        else:  # wraps around: fine for a hash
-            part = np.unique(part * mult[0] + (part[t_full] * mult[1:]).sum(axis=1), return_inverse=True)[1]
-            part = part.reshape(-1)
+        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1), check=exact)
         new_count = int(part.max()) + 1
         if new_count == count:
             return part

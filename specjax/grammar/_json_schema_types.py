@@ -117,7 +117,7 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
             if lo > hi:
                 raise
         counted = hi is None and self.c.options.max_repeat is not None and not self.c.has_refs and \
-            not any(self.c.reaches(r, self.c.option_counted) for r in [*elems, more])
+            not any(self.c.reaches(r, self.c.count_blockers) for r in [*elems, more])
         if counted:
             # Free repetition bounded by option. The counter copies the item's automaton once per position, so it
             # is not applied where $ref may recurse (a 3-level tree: 61 states unbounded, 5,444 with 16 items),
@@ -128,7 +128,7 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
         body = self._items(elems, more, lo, hi, 0, path)
         if counted and body:
             body = self.c.rule_text(f"{path}/bounded", body)
-            self.c.option_counted.add(body)
+            self.c.count_blockers.add(body)
         return f'"["{w} {body}{w} "]"' if body else f'"["{w} "]"'
 
     def _unique_array(self, prefix: list, rest, rest_path: str, lo: int, hi: int | None, path: str) -> str | None:

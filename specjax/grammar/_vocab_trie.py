@@ -32,7 +32,6 @@ class ByteTrie:
     Attributes:
       byte: per level, each node's byte.
       parent: per level, each node's parent (an index into the level above; the root is 0).
-      end_node: int64 [T] the node at level ``length - 1`` where each token ends.
       length: int64 [T] the tokens' lengths.
       ending: per level, the tokens that end there and their end nodes (two int64 arrays).
     """
@@ -40,7 +39,7 @@ class ByteTrie:
     def __init__(self, bytes_tl: np.ndarray, length_t: np.ndarray):
         self.length = np.asarray(length_t, np.int64)
         self.byte, self.parent = [], []
-        node = np.zeros(len(self.length), np.int64)
+        node = np.zeros(len(self.length), np.int64)  # each token's node at the last level it reached
         n_above = 1
         for k in range(bytes_tl.shape[1]):
             live = np.nonzero(self.length > k)[0]
@@ -51,7 +50,6 @@ class ByteTrie:
             self.byte.append(symbol.astype(np.uint8))
             self.parent.append(parent)
             n_above = len(symbol)
-        self.end_node = node
         order = np.argsort(self.length, kind="stable")
         bounds = np.searchsorted(self.length[order], np.arange(1, len(self.byte) + 2))
         self.ending = [(order[lo:hi], node[order[lo:hi]]) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -187,6 +187,8 @@ class _Builder:
         mats = [d.trans for d in dfas] or [np.full((1, 256), -1, np.int32)]
         self.byte_cls, self.n_cls = byte_classes(np.vstack(mats))
         first = np.unique(self.byte_cls, return_index=True)[1]
+        # The same transitions twice: lists for the per-element Python reads of `_advance` (reading numpy
+        # scalars one at a time is several times slower), arrays for the column signatures of `_alike_classes`.
         self.term_trans = [d.trans[:, first].tolist() for d in dfas]
         self.term_trans_np = [np.ascontiguousarray(d.trans[:, first], np.int32) for d in dfas]
         self._alike_memo: dict[tuple[frozenset, frozenset], tuple[np.ndarray, np.ndarray]] = {}

@@ -25,7 +25,6 @@ import lark
 import lark.exceptions
 import lark.lexer
 from lark import load_grammar as lark_load_grammar
-from lark.load_grammar import load_grammar
 
 from specjax.grammar import _deadline
 from specjax.grammar._dfa import ByteDFA
@@ -97,7 +96,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
         # lark's own loader and EBNF → BNF compiler, without building a parser (lark.Lark would also build an
         # Earley parser and check regex collisions, minutes on large grammars that we do not need). Every rule
         # is kept (all are passed as starts), so that a missing start rule can be answered with the entry rules.
-        grammar, _ = load_grammar(text, "<grammar>", None, False)
+        grammar, _ = lark_load_grammar.load_grammar(text, "<grammar>", None, False)
         entry_names = [str(name) for name, params, _, _ in grammar.rule_defs if not params]
         terminal_list, rule_list, ignore_names = grammar.compile(entry_names or [start], set())
     except lark.exceptions.LarkError as e:

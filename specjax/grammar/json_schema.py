@@ -115,7 +115,9 @@ class _Compiler:
         self.ws_terminal = (f"WS: /[ \\t\\n\\r]{{1,{n}}}/" if n else "WS: /[ \\t\\n\\r]+/") if ws else ""
         self.types = TypeEmitter(self)
         self.has_refs = '"$ref"' in json.dumps(root)
-        self.option_counted: set[str] = {"any_value"}  # rules that max_repeat may not nest in (see TypeEmitter.array)
+        # Rules that keep max_repeat off an array whose items use them: generic JSON and the arrays it already
+        # counts (a counter copies the item's automaton per position; see TypeEmitter.array).
+        self.count_blockers: set[str] = {"any_value"}
 
     # ------------------------------------------------------------------------------------- output
     def compile(self) -> str:

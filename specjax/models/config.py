@@ -146,6 +146,7 @@ def resolve_dtype(name: str):
     except KeyError:
         raise ConfigError(f"dtype={name!r} is not one of {sorted(DTYPES)}") from None
 
+
 def increasing_layers(layers) -> bool:
     """Whether `layers` are strictly increasing non-negative integer layer indices (fused-layer lists)."""
     return all(isinstance(i, int) and i >= 0 for i in layers) and list(layers) == sorted(set(layers))

@@ -85,7 +85,6 @@ class EagleConfig:
                    fuse_layers=tuple(fuse_layers))
 
 
-
 class EagleHead(nnx.Module):
     """fc(norm(embed(x_{t+1})) ‖ norm(f_t)) → one decoder layer → RMSNorm → ĝ_{t+1}."""
 

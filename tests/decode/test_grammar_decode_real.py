@@ -59,11 +59,11 @@ def run_schemas(generator, pairs, max_new_tokens=128, batch_size=4, **kw):
             tables = generator._grammar_tables(spec, lambda m: None)
         except GrammarSpecError:
             continue  # refused with a message: coverage is measured elsewhere
-        dist, _ = closing_of(tables)
-        if dist[tables.initial_state] + 1 > max_new_tokens:
+        shortest = int(closing_of(tables)[0][tables.initial_state])
+        if shortest + 1 > max_new_tokens:
             # Closing guarantees a complete row only when the budget covers the shortest instance in
             # single-byte tokens (+ EOS); Github_hard/o89734 needs 182. Such rows are left to the model.
-            print(f"{sid}: shortest instance {dist[tables.initial_state]} single-byte tokens, over the budget")
+            print(f"{sid}: shortest instance {shortest} single-byte tokens, over the budget")
             continue
         specs.append(spec)
         kept.append((sid, schema))

@@ -37,6 +37,65 @@ def pytest_addoption(parser):
                           "in .ci/slow_durations.json: tests/shards.py)")
 
 
+GIB_PER_WORKER = 6  # a worker's peak RSS in the default suite: real Gemma in float32 + HF's reference copy
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (addopts): one worker per core, but no more than memory holds, at GIB_PER_WORKER each: on a
+    many-core machine a worker per core would load the real models dozens of times over."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): cores only
+        return cores
+    return max(1, min(cores, int(memory_gib // GIB_PER_WORKER)))
+
+
+class _StderrTerminal:
+    """The part of pytest's terminal writer that pytest-timeout's report uses, writing to the process's
+    own stderr: an xdist worker's terminal writer goes to its stdout, which xdist does not show."""
+
+    def __init__(self, nodeid: str) -> None:
+        self.nodeid = nodeid
+
+    def sep(self, char: str, title: str = "") -> None:
+        if title == "Timeout":
+            title = f"Timeout: {self.nodeid}"
+        sys.__stderr__.write(f"{char * 30} {title} {char * 30}\n")
+
+    def write(self, text: str) -> None:
+        sys.__stderr__.write(text)
+
+    def flush(self) -> None:
+        sys.__stderr__.flush()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """In an xdist worker, the thread method's report (captured output, every thread's stack) goes to stderr,
+    where the run's log shows it; xdist then reports the test as failed with the worker's crash. Elsewhere
+    pytest-timeout's own timer runs."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or settings.method != "thread":
+        return None
+    import threading
+    from types import SimpleNamespace
+
+    import pytest_timeout
+
+    config = SimpleNamespace(get_terminal_writer=lambda: _StderrTerminal(item.nodeid),
+                             pluginmanager=item.config.pluginmanager)
+    timer = threading.Timer(settings.timeout, pytest_timeout.timeout_timer, (SimpleNamespace(config=config), settings))
+    timer.name = f"pytest_timeout {item.nodeid}"
+
+    def cancel():
+        timer.cancel()
+        timer.join()
+
+    item.cancel_timeout = cancel  # pytest-timeout's pytest_timeout_cancel_timer calls it
+    timer.start()
+    return True
+
+
 def pytest_collection_modifyitems(config, items):
     """--shard I/N: keeps the tests of the files packed into shard I (`tests/shards.py`)."""
     text = config.getoption("--shard")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from tiny_hf import write_tiny_hf_model
 
 from specjax.decode.cli import DecodeOptions, run
 
@@ -99,9 +100,12 @@ def test_prompt_longer_than_context_is_refused(capsys, monkeypatch):
 
 
 @pytest.mark.real_model
-def test_speculative_run_reports_tau_and_speedup():
+def test_speculative_run_reports_tau_and_speedup(tmp_path):
+    # A tiny model: the report's lines are what this tests (the embedded model's run: test_end_to_end_...).
+    tiny = write_tiny_hf_model(tmp_path / "tiny_hf")
     prompt = "Repeat this list exactly: apples, pears, plums. Repeat this list exactly: apples, pears, plums."
-    r = run_cli(f'prompt="{prompt}"', "spec=ngram", "spec_k=4", "max_new_tokens=12")  # quoted, as in a shell
+    r = run_cli(f"model={tiny}", f'prompt="{prompt}"', "spec=ngram", "spec_k=4",  # quoted, as in a shell
+                "max_new_tokens=12")
     assert r.returncode == 0, r.stderr
     assert "tau" in r.stderr and "acceptance by position" in r.stderr
     assert re.search(r"speedup over plain decoding of the same prompts: [0-9.]+x decoding \([0-9.]+x overall", r.stderr)

@@ -27,3 +27,8 @@ def test_unmeasured_files_count_the_default():
 def test_malformed_shards_are_refused(text):
     with pytest.raises(shards.ShardError, match="--shard must be I/N"):
         shards.parse_shard(text)
+
+
+def test_longest_first_orders_by_measured_time_then_name():
+    seconds = {"b": 30.0, "c": 30.0, "a": 5.0}
+    assert shards.longest_first(["a", "c", "b", "d", "c"], seconds) == ["d", "b", "c", "a"]  # d: the default 60 s

@@ -123,9 +123,8 @@ def tok(fields):
 
 
 @pytest.fixture(scope="module")
-def hf(gguf_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+def hf(hf_gemma_tokenizer):
+    return hf_gemma_tokenizer
 
 
 @pytest.fixture(scope="module")

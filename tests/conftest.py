@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from datetime import timedelta
@@ -38,7 +37,7 @@ def pytest_addoption(parser):
                           "in .ci/slow_durations.json: tests/shards.py)")
 
 
-GIB_PER_WORKER = 6  # a worker's peak RSS in the default suite: real Gemma in float32 + HF's reference copy
+GIB_PER_WORKER = 6  # estimated peak RSS of a worker: real Gemma in float32 + HF's reference copy (not measured)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -242,13 +241,12 @@ def hf_gemma_tokenizer(real_model_path):
     """HF transformers' tokenizer as its own code reads it from the embedded GGUF (~30 s on 2 cores), saved
     once in specjax's cache (`artifacts.ensure_dir`: atomic, under a lock, verified) and loaded from there
     (~8 s), so parallel workers and later runs do not convert it again. The folder's name carries the GGUF's
-    path, size and mtime and the transformers version: a new file or release converts afresh."""
+    SHA-256 (remembered by `artifacts.file_sha256`, as the model's own cache entries are keyed) and the
+    transformers version: another file or release converts afresh."""
     transformers = pytest.importorskip("transformers")
     from specjax.models import artifacts
 
-    st = real_model_path.stat()
-    source = f"{real_model_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|transformers {transformers.__version__}"
-    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    key = f"{artifacts.file_sha256(real_model_path)[:16]}-transformers-{transformers.__version__}"
 
     def convert(folder: Path) -> None:
         transformers.AutoTokenizer.from_pretrained(str(real_model_path.parent),

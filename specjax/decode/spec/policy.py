@@ -144,22 +144,18 @@ def wants(ctx: RoundContext, s: SpecState, has_draft_b=None) -> jax.Array:
     return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
 
 
-def phases(chosen, plain_fn, spec_fn, carry):
-    """Plain rounds while the batch does not speculate, then speculative rounds while it does.
-
-    Two inner while loops instead of `lax.cond(chosen, spec, plain)` per round: a conditional's
-    operands include the KV cache, and XLA:CPU copied all of it into and out of the conditional
-    every round (36 buffers, ~20 ms a round at batch 8). A while loop updates its carry in place.
-    """
-    carry = jax.lax.while_loop(lambda c: c[0].running & ~chosen(c), plain_fn, carry)
-    return jax.lax.while_loop(lambda c: c[0].running & chosen(c), spec_fn, carry)
-
-
 def run(ctx: RoundContext, s: SpecState) -> SpecState:
     """The decode loop after the prefill: rounds until every row is done.
 
     Without a policy every round speculates; with one, rounds alternate between runs of plain and of
-    speculative rounds as `Adaptive` decides (`phases`).
+    speculative rounds as `Adaptive` decides.
+
+    Each run of rounds is a while loop, never `lax.cond(chosen, spec, plain)` per round: a conditional's
+    operands include the KV cache, and XLA:CPU copied all of it into and out of the conditional every
+    round (36 buffers, ~20 ms a round at batch 8); a while loop updates its carry in place. And each kind
+    of round appears once in the program (one plain forward and one verify forward besides the prefill's):
+    every copy of a forward is compiled again (two more copies of the plain round made Gemma 3 270M's
+    n-gram program take ~1.7x as long to compile).
     """
     running = lambda s: s.running
     if ctx.adapt is None:
@@ -180,74 +176,78 @@ def backed_off(s: SpecState, max_gap: int) -> SpecState:
 def run_cheap(ctx: RoundContext, s: SpecState) -> SpecState:
     """A cheap drafter proposes in *probes*: the carry holds the latest proposal, which a speculative
     round verifies (`chosen`) or the next plain round follows as a shadow. While the averages stay under
-    the bar, plain rounds propose nothing (`follow`) and the probes back off (`Adaptive.cheap_max_gap`).
+    the bar, plain rounds propose nothing and the probes back off (`Adaptive.cheap_max_gap`).
+
+    The carry is (state, proposal, its grammar states, owed): `owed` says that the proposal of the last
+    probe or speculative round still has to start its shadow, so the next plain round runs whatever the
+    policy says.
     """
     adapt = ctx.adapt
 
     def chosen(c):
         return wants(ctx, c[0], c[1].len_b > 0)
 
-    def follow(c):  # starts a shadow from the carried proposal (if any), then carries none
-        s = plain_round(ctx, *c)
-        return s, c[1].replace(len_b=jnp.zeros_like(c[1].len_b)), c[2]
-
-    def probe(c):
-        s, draft, state_bt = propose(ctx, c[0])
-        return backed_off(s, adapt.cheap_max_gap), draft, state_bt
-
-    def spec_fn(c):
-        s, draft, state_bt = propose(ctx, spec_round(ctx, *c))
-        return s.replace(policy=s.policy.replace(probe_gap=jnp.ones_like(s.policy.probe_gap))), draft, state_bt
-
-    def bare(c):  # no shadow open and none to start: plain decoding's round, with none of the shadow's ops
-        return plain_round(ctx, c[0]), *c[1:]
-
-    def idle(c):
-        pol = c[0].policy
-        return c[0].running & (pol.plain_streak < pol.probe_gap) & ~wants(ctx, c[0])
-
     def shadowing(c):
         return jnp.any(c[0].policy.shadow.len_b > 0) | jnp.any(c[1].len_b > 0)
 
+    def plain(c):  # follows the carried proposal (starting its shadow) and the open shadows, then carries none
+        s = plain_round(ctx, c[0], c[1], follow_if=shadowing(c))
+        return s, c[1].replace(len_b=jnp.zeros_like(c[1].len_b)), c[2], jnp.zeros((), bool)
+
+    def probe(c):
+        s, draft, state_bt = propose(ctx, c[0])
+        return backed_off(s, adapt.cheap_max_gap), draft, state_bt, c[3]
+
+    def spec_fn(c):
+        s, draft, state_bt = propose(ctx, spec_round(ctx, *c[:3]))
+        return s.replace(policy=s.policy.replace(probe_gap=jnp.ones_like(s.policy.probe_gap))), draft, state_bt, c[3]
+
+    def idle(c):
+        pol = c[0].policy
+        return (pol.plain_streak < pol.probe_gap) & ~wants(ctx, c[0])
+
     def phases_cheap(c):
-        c = jax.lax.while_loop(lambda c: idle(c) & shadowing(c), follow, c)
-        c = jax.lax.while_loop(lambda c: idle(c) & ~shadowing(c), bare, c)
+        c = jax.lax.while_loop(lambda c: c[0].running & (c[3] | idle(c)), plain, c)
         c = probe(c)
         c = jax.lax.while_loop(lambda c: c[0].running & chosen(c), spec_fn, c)
-        # The proposal no round verified starts a shadow (one trip: the round raises the streak from 0).
-        return jax.lax.while_loop(lambda c: c[0].running & (c[0].policy.plain_streak == 0), follow, c)
+        # A speculative round or the probe left the streak at 0: the proposal no round verified is owed
+        # a plain round, which starts its shadow.
+        return (*c[:3], c[0].policy.plain_streak == 0)
 
     b = s.row.done_b.shape[0]
     empty = propose(ctx, s)  # the carry's structure; its length 0 keeps it from being followed
-    carry = (s, empty[1].replace(len_b=jnp.zeros((b,), jnp.int32)), empty[2])
+    carry = (s, empty[1].replace(len_b=jnp.zeros((b,), jnp.int32)), empty[2], jnp.zeros((), bool))
     return jax.lax.while_loop(lambda c: c[0].running, phases_cheap, carry)[0]
 
 
 def run_costly(ctx: RoundContext, s: SpecState) -> SpecState:
     """A costly drafter drafts in speculative rounds and probes only (`Adaptive.probe_every`)."""
     b, k, adapt = s.row.done_b.shape[0], ctx.k, ctx.adapt
-    no_draft = Draft(tokens_bk=jnp.zeros((b, k), jnp.int32), len_b=jnp.zeros((b,), jnp.int32))
+    # What plain rounds follow: the probe's tokens and tree, without a sampled draft's [B, k, V] q.
+    tree = jax.eval_shape(lambda s: propose(ctx, s)[1].parent_bk, s) is not None
+    no_draft = Draft(tokens_bk=jnp.zeros((b, k), jnp.int32), len_b=jnp.zeros((b,), jnp.int32),
+                     parent_bk=jnp.broadcast_to(jnp.arange(-1, k - 1, dtype=jnp.int32), (b, k)) if tree else None)
+
+    def probe_draft(d):  # the loop below makes one trip at most
+        s, draft, _ = propose(ctx, d[0])
+        follow = no_draft.replace(tokens_bk=draft.tokens_bk, len_b=draft.len_b, parent_bk=draft.parent_bk)
+        return s, follow, jnp.ones((), bool)
 
     def plain_costly(c):
-        return (plain_round(ctx, c[0], no_draft),)  # follows the open shadows, starts none
-
-    def probe_costly(c):
-        s, draft, _ = propose(ctx, c[0])
-        return (backed_off(plain_round(ctx, s, draft), adapt.max_probe_every),)
+        """A plain round. A probe's (the plain streak reached the gap) drafts first and starts shadows from its
+        draft, then backs off; any other follows the open shadows and starts none."""
+        probing = c[0].policy.plain_streak >= c[0].policy.probe_gap
+        s, draft, _ = jax.lax.while_loop(lambda d: probing & ~d[2], probe_draft, (c[0], no_draft, jnp.zeros((), bool)))
+        s = plain_round(ctx, s, draft)
+        probed = backed_off(s, adapt.max_probe_every).policy
+        return (s.replace(policy=jax.tree.map(lambda new, old: jnp.where(probing, new, old), probed, s.policy)),)
 
     def spec_costly(c):
         s = spec_round(ctx, *propose(ctx, c[0]))
         return (s.replace(policy=s.policy.replace(probe_gap=jnp.full_like(s.policy.probe_gap, adapt.probe_every))),)
 
-    def below(c):
-        return c[0].running & ~wants(ctx, c[0])
-
     def phases_costly(c):
-        c = jax.lax.while_loop(lambda c: below(c) & (c[0].policy.plain_streak < c[0].policy.probe_gap),
-                               plain_costly, c)
-        # At most one trip (the probe resets the streak): a while loop, not a cond (see `phases`).
-        c = jax.lax.while_loop(lambda c: below(c) & (c[0].policy.plain_streak >= c[0].policy.probe_gap),
-                               probe_costly, c)
+        c = jax.lax.while_loop(lambda c: c[0].running & ~wants(ctx, c[0]), plain_costly, c)
         return jax.lax.while_loop(lambda c: c[0].running & wants(ctx, c[0]), spec_costly, c)
 
     return jax.lax.while_loop(lambda c: c[0].running, phases_costly, (s,))[0]

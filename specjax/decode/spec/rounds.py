@@ -315,12 +315,15 @@ def advance_shadow(shadow, draft: Draft, tok_b: jax.Array, live_b: jax.Array):
     return shadow, end_b
 
 
-def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, state_bt=None) -> SpecState:
+def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, state_bt=None, *,
+                follow_if: jax.Array | None = None) -> SpecState:
     """One sampled token per row; `draft` (None: no shadows) starts and advances the shadow drafts.
 
     A finished shadow updates a cheap drafter's average; it replaces a costly drafter's (a probe's
     measurement after a gap of plain rounds, when the old average says little). `state_bt` is unused
-    (the signature matches `spec_round`, so either can follow `propose`).
+    (the signature matches `spec_round`, so either can follow `propose`). `follow_if` (a traced bool)
+    runs the shadow's ops only when true: with no shadow open and no draft to start one they change
+    nothing, and on XLA:CPU their dozens of small ops cost ~3% of a step.
     """
     row, pol, cnt = s.row, s.policy, s.counters
     live_b = ~row.done_b
@@ -331,9 +334,13 @@ def plain_round(ctx: RoundContext, s: SpecState, draft: Draft | None = None, sta
                              ctx.top_p, ctx.grammar, row.gram_b)
     row, tok_b = loop.closed(row, tok_b, ctx.max_new, ctx.eos_ids, ctx.grammar)
     if draft is not None:
-        shadow, shadow_end_b = advance_shadow(pol.shadow, draft, tok_b, live_b)
-        weight = ctx.ema_weight if ctx.cheap else 1.0
-        pol = pol.replace(shadow=shadow, accept_ema_b=ema(pol.accept_ema_b, shadow.hit_b, shadow_end_b, weight))
+        def follow(pol):
+            shadow, shadow_end_b = advance_shadow(pol.shadow, draft, tok_b, live_b)
+            weight = ctx.ema_weight if ctx.cheap else 1.0
+            return pol.replace(shadow=shadow, accept_ema_b=ema(pol.accept_ema_b, shadow.hit_b, shadow_end_b, weight))
+
+        # A conditional over the policy state alone (small: no cache among its operands).
+        pol = follow(pol) if follow_if is None else jax.lax.cond(follow_if, follow, lambda pol: pol, pol)
     pol = pol.replace(plain_streak=pol.plain_streak + 1)
     live_i = live_b.astype(jnp.int32)
     cnt = cnt.replace(rounds_b=cnt.rounds_b + live_i, plain_rounds_b=cnt.plain_rounds_b + live_i)

@@ -274,3 +274,26 @@ def test_speculation_off_when_even_perfect_drafts_cannot_pay(tiny_model):
     state = speculative_program(gen.graphdef, *args, (), **static, k=K, drafter=drafter, adapt=spec.policy())
     assert int(np.sum(state.draft[1])) == 0  # propose never ran
     np.testing.assert_array_equal(np.asarray(state.row.out_bn[:, :16]), np.asarray([r.tokens for r in ref]))
+
+
+@pytest.mark.parametrize(("drafter", "adaptive", "forwards"), [(NgramDrafter(), True, 3), (CountingDrafter(), True, 3),
+                                                              (NgramDrafter(), False, 2)])
+def test_each_kind_of_round_is_compiled_once(tiny_model, monkeypatch, drafter, adaptive, forwards):
+    """The program traces the target's forward once per kind: the prefill, the plain round (following a
+    shadow or not, probing or not) and the speculative round. Each extra copy is compiled again: with two
+    more copies of the plain round, Gemma 3 270M's n-gram program took ~1.7x as long to compile
+    (docs/benchmarks.md, "Compile time")."""
+    traced = []
+    forward = Transformer.forward
+
+    def counting(self, tokens_bt, *args, **kwargs):
+        traced.append(tokens_bt.shape[1])
+        return forward(self, tokens_bt, *args, **kwargs)
+
+    monkeypatch.setattr(Transformer, "forward", counting)
+    cfg = GenerateConfig(max_new_tokens=16, batch_size=4, ignore_eos=True)
+    gen = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter=drafter)
+    _, args, static = gen._batch_inputs([gen.encode([p], False)[0] for p in PROMPTS], cfg, None, 0, extra_slots=K)
+    adapt = SpecConfig(k=K, verify_cost=2.0).policy() if adaptive else None
+    speculative_program.lower(gen.graphdef, *args, (), **static, k=K, drafter=drafter, adapt=adapt)
+    assert sorted(traced) == sorted([16, K + 1] + [1] * (forwards - 2)), traced  # prompt bucket 16

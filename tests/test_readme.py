@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from tiny_hf import write_tiny_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,12 +87,22 @@ def tiny_command(command: str, model: str) -> str:
             return command
         vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
         draft = f" task.draft_arch.preset=tiny task.draft_arch.vocab_size={vocab} task.init_layers=[]"
-        return f"{command} task.target={model} {TRAIN_TINY}{draft}"
+        return f"{command} task.target={model} {TRAIN_TINY}{draft}{_tiny_taps(command)}"
     if "--help" in command:
         return command
     if "draft_model=" in command:  # spec=draft needs a drafter with the target's tokenizer: the target itself
         command = re.sub(r"draft_model=\S+", f"draft_model={model}", command)
     return f"{command}{'' if f'model={model}' in command else f' model={model}'} max_new_tokens=2 quiet=true"
+
+
+def _tiny_taps(command: str) -> str:
+    """An EAGLE-3 recipe's fused target layers, moved inside the tiny model's 6 blocks (same count, increasing)."""
+    experiment = re.search(r"\+experiment=(\S+)", command)
+    if not experiment:
+        return ""
+    recipe = OmegaConf.load(ROOT / "configs" / "experiment" / f"{experiment.group(1)}.yaml")
+    taps = OmegaConf.select(recipe, "task.eagle_layers", default=None)
+    return f" task.eagle_layers=[{','.join(str(i) for i in range(len(taps)))}]" if taps else ""
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,7 @@ def script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # two experiment scripts as subprocesses, each compiling (~45 s)
 def test_run_then_report_end_to_end(bench_dirs):
     base, prompts, tiny = bench_dirs
     out = base / "res.jsonl"

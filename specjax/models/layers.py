@@ -74,3 +74,15 @@ def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, base: float, scale: f
     x1, x2 = x32[..., :half], x32[..., half:]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x_btnh.dtype)
+
+
+def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`jax.lax.top_k` over the last axis (values, int32 indices), run on a 2-D [rows, n] view.
+
+    XLA:CPU runs a 2-D top-k as its TopK kernel, but inside the decode programs it expanded a 3-D one
+    ([B, T, V] logits) into a full sort of every row: 9.4 s instead of ~0.8 s per Token Recycling round at
+    batch 8 on Gemma's 262,144 ids. Flattening the leading axes keeps the kernel on every backend.
+    """
+    lead, n = x.shape[:-1], x.shape[-1]
+    values, indices = jax.lax.top_k(x.reshape(-1, n), k)
+    return values.reshape(*lead, k), indices.astype(jnp.int32).reshape(*lead, k)

@@ -9,7 +9,7 @@ from flax import nnx
 from specjax.models.backend_profile import profile_for
 from specjax.models.config import ConfigError, ModelConfig
 from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
-from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope
+from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope, top_k
 from specjax.models.quant import BlockQuant
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
@@ -225,7 +225,7 @@ class Transformer(nnx.Module):
         b, t, d = hidden_btd.shape
         if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
             return self.head_quant.top_k_chunked(hidden_btd.reshape(b * t, d), r).reshape(b, t, r)
-        return jax.lax.top_k(self.logits(hidden_btd), r)[1].astype(jnp.int32)
+        return top_k(self.logits(hidden_btd), r)[1]
 
     def _float_table(self):
         """The float32 / bfloat16 head table (the embedding when tied), or None when packed."""

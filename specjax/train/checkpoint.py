@@ -24,9 +24,13 @@ from specjax.models.draft_artifacts import from_nested, to_nested
 
 
 def _manager(directory: Path, keep: int, best: bool) -> ocp.CheckpointManager:
+    # Orbax names a multi-process save's commit barrier after the step ("async_write_complete.<step>"): the
+    # latest and the best manager saving the same step at once would share it ("Barrier ... is already
+    # ongoing", then every process hangs until the barrier's timeout). A prefix per manager keeps them apart.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=True,
-        best_fn=(lambda m: m["dev_loss"]) if best else None, best_mode="min")
+        best_fn=(lambda m: m["dev_loss"]) if best else None, best_mode="min",
+        multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=directory.name))
     return ocp.CheckpointManager(directory.absolute(), options=options, item_names=("state", "meta"))
 
 

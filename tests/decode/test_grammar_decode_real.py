@@ -85,6 +85,7 @@ def gen(real_model, real_tokenizer):
     return Generator(real_model, real_tokenizer)
 
 
+@pytest.mark.slow
 def test_default_sample_of_schemas_validates(gen):
     valid, cut, _ = run_schemas(gen, schemas(DEFAULT_IDS))  # every finished output validated in there
     # o79654 is {"value": <any integer>}: greedy Gemma writes digits until the budget closes the object.

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Slow tier: the 8-device subprocess compiles a plain and a speculative program per mesh (~85 s).
+pytestmark = pytest.mark.slow
 MESHES = ((8, 1), (4, 2), (2, 4))
 # Ragged lengths (1 to 27 bytes) and repeated phrases, so the n-gram drafter gets accepted drafts.
 TINY_PROMPTS = ["abcabcabcabc", "hello world hello world", "x", "the cat the cat the cat the",

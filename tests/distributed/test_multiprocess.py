@@ -121,6 +121,7 @@ def decode_reports(tmp_path_factory) -> list[dict]:
     return launch("decode", tmp_path_factory.mktemp("decode"), N_PROCESSES, timeout=LAUNCH_TIMEOUT)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 def test_two_processes_decode_like_one_process(decode_reports):
     for i, r in enumerate(decode_reports):
@@ -135,6 +136,7 @@ def test_two_processes_decode_like_one_process(decode_reports):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+@pytest.mark.slow
 def test_the_meshes_span_both_processes(decode_reports):
     spans = decode_reports[0]["spans"]
     # A mesh row is one model-parallel group (one copy of the weights, one slice of the batch).

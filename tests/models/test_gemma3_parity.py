@@ -25,7 +25,8 @@ from flax import nnx
 
 from specjax.decode.generate import GenerateConfig, Generator
 
-pytestmark = pytest.mark.real_model
+# Slow tier: ~2.5 min of the default tier on 2 cores (transformers reading the GGUF, the continuations).
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 torch = pytest.importorskip("torch")
 

@@ -87,6 +87,7 @@ def _check_reports(reports: dict) -> None:
         assert "loss" in reports[name]["metrics"] and "grad_norm" in reports[name]["metrics"]
 
 
+@pytest.mark.slow  # a subprocess on 8 forced devices (~30 s); its lowering sibling is slow too
 def test_every_experiment_passes_abstract_check_on_8_devices():
     _check_reports(_abstract_reports(lower=False))
 

@@ -32,6 +32,7 @@ from specjax.decode.spec.state import SpecRow, SpecState
 from specjax.decode.spec.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
 from specjax.decode.stops import StopTables
 from specjax.models.kv_cache import move_slots
+from specjax.models.layers import top_k
 
 DEFAULT_EMA_WEIGHT = 0.3  # without a policy the average is still kept (for the stats), with this weight
 
@@ -189,7 +190,7 @@ def verify_target(ctx: RoundContext, hidden_btd, state_bt):
     logits_btv = ctx.model.logits(hidden_btd)
     if ctx.grammar is not None:
         logits_btv = constrain.mask_block(ctx.grammar, state_bt, logits_btv)
-    top_btr = jax.lax.top_k(logits_btv, r)[1].astype(jnp.int32) if r else None
+    top_btr = top_k(logits_btv, r)[1] if r else None
     return (jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if ctx.sampling.greedy else logits_btv), top_btr
 
 

@@ -8,7 +8,7 @@ from greedy_parity import greedy_divergences
 
 from specjax.decode import GenerateConfig, Generator, SpecConfig, SpeculativeGenerator
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]  # the tiny-model equalities run in the default tier
 
 PROMPTS = [
     "Repeat this list exactly: apples, pears, plums, cherries, figs, dates.\n"

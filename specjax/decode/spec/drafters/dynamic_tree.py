@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.models import layers
+
 
 @struct.dataclass
 class Pool:
@@ -55,7 +57,7 @@ def top_log_probs(logits_xv: jax.Array, top_k: int) -> tuple[jax.Array, jax.Arra
     top_k on the raw logits, then minus logsumexp: no [.., V] log-softmax is materialised (V is
     up to 262,144 here).
     """
-    top_xk, idx_xk = jax.lax.top_k(logits_xv, top_k)
+    top_xk, idx_xk = layers.top_k(logits_xv, top_k)
     return top_xk - jax.nn.logsumexp(logits_xv, axis=-1, keepdims=True), idx_xk
 
 

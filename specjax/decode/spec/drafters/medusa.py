@@ -23,6 +23,7 @@ from specjax.decode.spec import cost
 from specjax.decode.spec.drafters.base import Draft, Observation, Prefill
 from specjax.decode.spec.drafters.heads import HeadParams, output_head, vocab_head
 from specjax.decode.spec.trees import StaticTree, TreeError
+from specjax.models.layers import top_k
 from specjax.models.medusa import MedusaHeads
 
 
@@ -98,7 +99,7 @@ class MedusaDrafter:
         if self.tree.max_rank > table.size:
             raise MedusaDrafterError(f"the tree uses rank {self.tree.max_rank - 1} but the draft vocabulary has "
                                      f"only {table.size} tokens")
-        _, top_bhr = jax.lax.top_k(table.logits(feat_bhd), self.tree.max_rank)
+        _, top_bhr = top_k(table.logits(feat_bhd), self.tree.max_rank)
         tokens_bk = table.to_target(self.tree.gather(top_bhr))
         b = tokens_bk.shape[0]
         draft = Draft(tokens_bk=tokens_bk, len_b=jnp.full((b,), k, jnp.int32), parent_bk=self.tree.parent_bk(b))

@@ -1,7 +1,6 @@
 """Splitting the selected tests into N shards of similar run time (`--shard I/N`, see tests/conftest.py).
 
-CI runs one shard of the slow tier per run (`.ci/slow`): the whole tier takes far longer than CI's budget
-beside the default tier, and a shard a day keeps every slow test running, so none can rot unnoticed.
+`.ci/slow 1/2` runs one shard of the slow tier (a quicker local check; CI runs the whole tier).
 
 Whole files are packed (their module fixtures, e.g. a loaded real model, are paid once per shard): longest
 first, each into the shard with the least time so far, from the durations measured last

@@ -13,7 +13,7 @@ import pytest
 from specjax.decode import GenerateConfig, Generator, GrammarSpec, GrammarSpecError, SpecConfig, SpeculativeGenerator
 from specjax.decode.constrain import closing_of
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 # ../shared/data/jsonschemabench next to the checkout (a git worktree may sit one level deeper).
 BENCH = next((p / "shared" / "data" / "jsonschemabench" for p in Path(__file__).resolve().parents
@@ -85,7 +85,6 @@ def gen(real_model, real_tokenizer):
     return Generator(real_model, real_tokenizer)
 
 
-@pytest.mark.slow
 def test_default_sample_of_schemas_validates(gen):
     valid, cut, _ = run_schemas(gen, schemas(DEFAULT_IDS))  # every finished output validated in there
     # o79654 is {"value": <any integer>}: greedy Gemma writes digits until the budget closes the object.
@@ -95,7 +94,6 @@ def test_default_sample_of_schemas_validates(gen):
 # Slow: real-model generation twice. Compiling the grammar no longer blows up (factored alternatives, see
 # docs/grammar.md), but at max_depth=3 its minimal automaton is inherently ~113k states (two repetition
 # counters per open parenthesis): ~30 s cold (so a raised compile time limit), then from the disk cache.
-@pytest.mark.slow
 def test_lark_arithmetic_parses_and_speculative_matches_plain(gen, real_model, real_tokenizer):
     spec = GrammarSpec("lark", ARITH, max_depth=3, timeout=300)  # ~30 s of CPU cold: past the 10 s default
     cfg = GenerateConfig(max_new_tokens=48, chat=True, grammar=spec)
@@ -109,7 +107,6 @@ def test_lark_arithmetic_parses_and_speculative_matches_plain(gen, real_model, r
     assert [c.tokens for c in spec_out] == [c.tokens for c in out]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_many_schemas_validate(gen, temperature):
     from specjax.decode.sampling import SamplingConfig
@@ -129,7 +126,6 @@ def test_many_schemas_validate(gen, temperature):
     assert valid == len(out) and not cut, tails
 
 
-@pytest.mark.slow
 def test_sql_subset_parses():
     import sys
 

@@ -104,7 +104,6 @@ def test_mesh_errors_are_clear(tiny_report):
     assert errors["axes"].startswith("the decode mesh needs axes 'data' and 'model'")
 
 
-@pytest.mark.slow
 @pytest.mark.real_model
 def test_real_model_mesh_greedy_equals_single_device():
     report = run_worker("real", timeout=1800)
@@ -113,7 +112,6 @@ def test_real_model_mesh_greedy_equals_single_device():
     assert report["second_call_programs"] == 0
 
 
-@pytest.mark.slow
 def test_tree_drafters_on_a_mesh_equal_plain_single_device():
     report = run_worker("heads", timeout=900)
     for which in ("medusa", "eagle"):

@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# Slow tier: every test starts two processes that each compile (~30-60 s per launch).
+pytestmark = pytest.mark.slow
 N_PROCESSES, LOCAL_DEVICES = 2, 4
 PROMPTS = ["abcabcabcabc", "hello world hello world", "x", "the cat the cat the cat the",
            "qq", "zzzzzzzzzzzzzzzzzzzzzz", "ab", "mnopmnopmnop"]
@@ -121,7 +123,6 @@ def decode_reports(tmp_path_factory) -> list[dict]:
     return launch("decode", tmp_path_factory.mktemp("decode"), N_PROCESSES, timeout=LAUNCH_TIMEOUT)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 def test_two_processes_decode_like_one_process(decode_reports):
     for i, r in enumerate(decode_reports):
@@ -136,7 +137,6 @@ def test_two_processes_decode_like_one_process(decode_reports):
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
-@pytest.mark.slow
 def test_the_meshes_span_both_processes(decode_reports):
     spans = decode_reports[0]["spans"]
     # A mesh row is one model-parallel group (one copy of the weights, one slice of the batch).
@@ -146,7 +146,6 @@ def test_the_meshes_span_both_processes(decode_reports):
     assert spans["model_across"] == {"rows": [[0, 1], [0, 1]], "columns": [[0], [1], [0], [1]]}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 def test_decode_cli_distributed_true_joins_the_processes_and_process_0_writes(tmp_path):
     reports = launch("cli", tmp_path, N_PROCESSES, timeout=LAUNCH_TIMEOUT)
@@ -158,7 +157,6 @@ def test_decode_cli_distributed_true_joins_the_processes_and_process_0_writes(tm
     assert logs[0].count("--- [") == len(PROMPTS) and "--- [" not in logs[1]  # only process 0 prints
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 def test_two_processes_train_step_like_one_process(tmp_path):
     reports = launch("train", tmp_path, N_PROCESSES, timeout=LAUNCH_TIMEOUT)
@@ -250,7 +248,6 @@ def _cli_worker(out_dir: Path) -> dict:
     return {"exit_code": code, "one_device": [c.tokens for c in ref]}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 120)
 def test_train_cli_distributed_true_logs_like_one_process_and_writes_once(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "train"))

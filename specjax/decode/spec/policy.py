@@ -48,16 +48,18 @@ PACKED_VERIFY_EXTRA = 0.7
 class Adaptive:
     """When to speculate (static: part of the compiled program).
 
-    The batch speculates when the drafts' expected extra tokens, summed over its live rows, pay for the
-    round: a speculative round runs every row's k+1 positions, so it costs `verify_cost` plain rounds
-    for the whole batch however few rows have good drafts. With e_b a row's moving average of accepted
-    draft tokens (0 for a cheap drafter's row without a draft), the rule is
-
-        mean over live rows of e_b  >=  bar = max(threshold(k), verify_cost(b, k, greedy) - 1)
+    The batch speculates when the drafts' expected extra tokens pay for the round where it matters: in
+    the row that finishes last. A speculative round runs every row's k+1 positions, so it costs
+    `verify_cost` plain rounds for the whole batch however few rows have good drafts, and the loop lasts
+    as long as its slowest row. With e_b a row's moving average of accepted draft tokens (0 for a cheap
+    drafter's row without a draft) and bar = max(threshold(k), verify_cost(b, k, greedy) - 1), the rule
+    (`wants`) is that speculative rounds, at 1 + e_b tokens per row per round, finish the live rows'
+    remaining budgets in fewer plain rounds' worth than plain rounds do. At batch 1 it is e >= bar; with
+    equal budgets it is min over live rows of e_b >= bar.
 
     At batch 1 the floor `threshold(k)` decides (it leaves a margin over break-even: the average
-    overshoots after lucky streaks). At batch 8 one repetitive row no longer drags seven others
-    through a verify forward that costs 2–8 of their plain steps.
+    overshoots after lucky streaks). At batch 8 rows that repeat their prompt no longer drag a row that
+    does not through verify forwards that cost 2–8 of its plain steps.
 
     Attributes:
       min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
@@ -98,7 +100,7 @@ class Adaptive:
         return estimated_verify_cost(b, k, greedy, packed) + draft_cost
 
     def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
-        """The mean expected accepted draft tokens per live row a speculative round needs."""
+        """The expected accepted draft tokens a row needs for a speculative round to pay (see `wants`)."""
         return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost, packed) - 1.0)
 
     def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0) -> bool:
@@ -137,11 +139,25 @@ def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> 
 
 
 def wants(ctx: RoundContext, s: SpecState, has_draft_b=None) -> jax.Array:
-    """Whether the batch's mean expected accepted tokens per live row reaches the bar (`Adaptive`)."""
+    """Whether speculative rounds finish the batch sooner than plain ones (`Adaptive`, the slowest row).
+
+    The loop runs until its last row is done, so what a round buys is the progress of the row that
+    finishes last, not the batch's mean. Row b still owes left_b = max_new - count_b tokens (EOS is not
+    foreseeable); speculative rounds take it ~left_b / (1 + e_b) rounds, each `round_cost` plain rounds
+    (bar = round_cost - 1, floored), plain rounds left_b. Speculate when
+
+        (1 + bar) * max over live rows of left_b / (1 + e_b)  <=  max over live rows of left_b
+
+    At batch 1 this is e >= bar. At batch 8 with equal budgets it is min over live rows of e_b >= bar:
+    rows that copy their prompt no longer drag a row that does not through rounds costing 2-8 of its
+    plain steps (it finishes last either way, later by their cost). Rows that finish early stop counting.
+    """
     live_b = ~s.row.done_b
     gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.policy.accept_ema_b, 0.0)
+    left_b = jnp.where(live_b, ctx.max_new - s.row.count_b, 0).astype(jnp.float32)
     bar = ctx.bar(live_b.shape[0])
-    return jnp.sum(gain_b) >= bar * jnp.sum(live_b.astype(jnp.float32))
+    spec_rounds = jnp.max(left_b / (1.0 + jnp.maximum(gain_b, 0.0)))
+    return (1.0 + bar) * spec_rounds <= jnp.max(left_b) * (1.0 + 1e-6)  # e_b == bar (a first try) qualifies
 
 
 def run(ctx: RoundContext, s: SpecState) -> SpecState:

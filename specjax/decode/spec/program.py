@@ -35,6 +35,11 @@ from specjax.decode.spec.rounds import RoundContext, commit, feature_layers
 from specjax.decode.spec.state import Counters, PolicyState, Shadow, SpecRow, SpecState
 from specjax.models.kv_cache import KVCache
 
+# A greedy cheap drafter's starting average in a batch, as a share of the bar: under it, so the first
+# round is not a blind speculative one, and close enough that one shadow (weight w = `Adaptive.ema_weight`)
+# matching h >= ~bar tokens reaches it: (1 - w) * 0.99 * bar + w * h >= bar.
+SHADOW_PRIOR = 0.99
+
 __all__ = ["initial_state", "speculative_program"]
 
 
@@ -98,16 +103,19 @@ def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, fir
     (`first_late_b`: rows whose first token the budget closed, `constrain.close`, or None).
 
     The first round is a probe (the streak starts at the gap: 1 for a cheap drafter, `probe_every` for
-    a costly one). A costly drafter's average starts at 0; a cheap drafter's at the bar when greedy — its
-    first draft is verified once, which pays at once on text that repeats its prompt — and at 0 when
-    sampling, where a wrong first try costs a sampled verify forward (~3 plain steps on XLA:CPU).
+    a costly one). A costly drafter's average starts at 0, and so does a cheap drafter's when sampling,
+    where a wrong first try costs a sampled verify forward (~3 plain steps on XLA:CPU). Greedy, a cheap
+    drafter's starts at the bar at batch 1 — its first draft is verified blind, which pays at once on
+    text that repeats its prompt — and just under it in a batch, where a blind round pays only if every
+    row's draft does (`policy.wants`: the slowest row decides): no blind round, but the first shadow
+    draft that matches about `bar` tokens lifts its row over the bar (`SHADOW_PRIOR`).
     """
     b, t = prompt_bt.shape
     n_stop = 0 if ctx.stop_tables is None else ctx.stop_tables.count
     adapt = ctx.adapt
     probe_every = 0 if adapt is None else 1 if ctx.cheap else adapt.probe_every
-    blind = adapt is not None and ctx.cheap and ctx.sampling.greedy
-    first_ema = ctx.bar(b) if blind else 0.0
+    optimistic = adapt is not None and ctx.cheap and ctx.sampling.greedy
+    first_ema = 0.0 if not optimistic else ctx.bar(b) if b == 1 else SHADOW_PRIOR * ctx.bar(b)
     row = SpecRow(
         cache=cache,
         hist_bl=jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt),

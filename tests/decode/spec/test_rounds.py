@@ -15,7 +15,7 @@ from specjax.decode.sampling import SamplingConfig
 from specjax.decode.spec.drafters.base import Draft
 from specjax.decode.spec.drafters.ngram import NgramDrafter
 from specjax.decode.spec.policy import Adaptive
-from specjax.decode.spec.program import initial_state
+from specjax.decode.spec.program import SHADOW_PRIOR, initial_state
 from specjax.decode.spec.rounds import RoundContext, advance_shadow, commit, plain_round, spec_round
 from specjax.decode.spec.state import Shadow
 
@@ -37,9 +37,9 @@ def context(model, profile=CPU, eos_ids=(), max_new=N_OUT, adapt=None, sampling=
                                jnp.float32(1.0), jnp.int32(max_new), eos_ids, None, adapt, None, profile)
 
 
-def prefilled(ctx, prompt, first):
-    """The loop state after the prefill of `prompt` (2 identical rows) with `first` as the first token."""
-    b, t = 2, len(prompt)
+def prefilled(ctx, prompt, first, rows=2):
+    """The loop state after the prefill of `prompt` (`rows` identical rows) with `first` as the first token."""
+    b, t = rows, len(prompt)
     prompt_bt = jnp.asarray([prompt] * b, jnp.int32)
     cache = ctx.model.init_cache(b, t + N_OUT + K)
     _, _, cache, _ = loop.prefill(ctx.model, cache, prompt_bt, jnp.full((b,), t, jnp.int32))
@@ -108,12 +108,16 @@ def test_advance_shadow_counts_hits_down_a_chain_and_ends_at_a_mismatch():
     assert np.asarray(shadow.hit_b).tolist() == [3, 1] and np.asarray(end_b).tolist() == [True, False]
 
 
-def test_the_policy_state_starts_a_cheap_drafter_at_the_bar_only_when_greedy(tiny_model):
+def test_the_policy_state_starts_a_cheap_drafter_at_the_bar_only_when_greedy_at_batch_1(tiny_model):
     adapt = Adaptive()
     ctx = context(tiny_model, adapt=adapt)
-    s = prefilled(ctx, PROMPT, 3)
-    assert np.allclose(np.asarray(s.policy.accept_ema_b), adapt.bar(2, K, True))
+    s = prefilled(ctx, PROMPT, 3, rows=1)
+    assert np.allclose(np.asarray(s.policy.accept_ema_b), adapt.bar(1, K, True))
     assert int(s.policy.probe_gap) == int(s.policy.plain_streak) == 1  # the first round proposes
-    assert emitted(s) == [[3], [3]]
+    assert emitted(s) == [[3]]
+    # In a batch a blind try pays only if every row's draft does: the averages start just under the bar.
+    batch = prefilled(ctx, PROMPT, 3)
+    assert np.allclose(np.asarray(batch.policy.accept_ema_b), SHADOW_PRIOR * adapt.bar(2, K, True))
+    assert int(batch.policy.probe_gap) == 1
     sampled = context(tiny_model, adapt=adapt, sampling=SamplingConfig(temperature=1.0))
     assert np.allclose(np.asarray(prefilled(sampled, PROMPT, 3).policy.accept_ema_b), 0.0)

@@ -40,11 +40,13 @@ def reference(tiny_model):
 @pytest.mark.parametrize("spec", [SpecConfig(k=K, adaptive=False),
                                   SpecConfig(k=K, min_expected_accept=3.0, verify_cost=1.0, probe_every=2)])
 def test_sliced_draft_model_drafts_exactly_like_early_exit(tiny_model, reference, spec):
+    # Rows whose 2-layer drafts hit ("abcabc…" rarely does, and the batch speculates only when its worst row pays).
+    prompts = PROMPTS[1:]
     drafter, params = DraftModelDrafter.create(slice_model(tiny_model, (0, 1)), tiny_model)
-    out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params).generate(PROMPTS, CFG, spec)
-    assert [o.tokens for o in out] == reference
+    out, stats = SpeculativeGenerator(tiny_model, ByteTokenizer(), drafter, params).generate(prompts, CFG, spec)
+    assert [o.tokens for o in out] == reference[1:]
     _, skip = SpeculativeGenerator(tiny_model, ByteTokenizer(), LayerSkipDrafter.early_exit(2)).generate(
-        PROMPTS, CFG, spec)
+        prompts, CFG, spec)
     assert (stats.rounds, stats.acceptance_by_position) == (skip.rounds, skip.acceptance_by_position)
     assert stats.plain_rate == skip.plain_rate and (stats.plain_rate > 0) == spec.adaptive, stats.line()
     # Adaptive: a row's first tokens are plain while the round-0 probe's shadow is checked.

@@ -42,6 +42,10 @@ from specjax.models.quant import MAX_CHUNKED_ROWS
 
 # A batch-1 verify forward's extra cost per unit of `cost.packed_share` (see estimated_verify_cost).
 PACKED_VERIFY_EXTRA = 0.7
+# A greedy cheap drafter's starting average in a batch, as a share of the bar (`program.initial_state`):
+# under it, so the first round is not a blind speculative one, and close enough that one shadow (weight
+# w = `Adaptive.ema_weight`) matching h >= ~bar tokens reaches it: (1 - w) * 0.99 * bar + w * h >= bar.
+SHADOW_PRIOR = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +160,7 @@ def wants(ctx: RoundContext, s: SpecState, has_draft_b=None) -> jax.Array:
     gain_b = jnp.where(live_b if has_draft_b is None else live_b & has_draft_b, s.policy.accept_ema_b, 0.0)
     left_b = jnp.where(live_b, ctx.max_new - s.row.count_b, 0).astype(jnp.float32)
     bar = ctx.bar(live_b.shape[0])
-    spec_rounds = jnp.max(left_b / (1.0 + jnp.maximum(gain_b, 0.0)))
+    spec_rounds = jnp.max(left_b / (1.0 + gain_b))  # averages of accepted counts: >= 0
     return (1.0 + bar) * spec_rounds <= jnp.max(left_b) * (1.0 + 1e-6)  # e_b == bar (a first try) qualifies
 
 

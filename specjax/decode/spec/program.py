@@ -30,15 +30,10 @@ from specjax.decode.backend import BackendProfile, decode_program
 from specjax.decode.inputs import BatchInputs
 from specjax.decode.sampling import SamplingConfig, sample
 from specjax.decode.spec.drafters.base import Drafter, Prefill
-from specjax.decode.spec.policy import Adaptive, run
+from specjax.decode.spec.policy import SHADOW_PRIOR, Adaptive, run
 from specjax.decode.spec.rounds import RoundContext, commit, feature_layers
 from specjax.decode.spec.state import Counters, PolicyState, Shadow, SpecRow, SpecState
 from specjax.models.kv_cache import KVCache
-
-# A greedy cheap drafter's starting average in a batch, as a share of the bar: under it, so the first
-# round is not a blind speculative one, and close enough that one shadow (weight w = `Adaptive.ema_weight`)
-# matching h >= ~bar tokens reaches it: (1 - w) * 0.99 * bar + w * h >= bar.
-SHADOW_PRIOR = 0.99
 
 __all__ = ["initial_state", "speculative_program"]
 
@@ -115,7 +110,7 @@ def initial_state(ctx: RoundContext, cache, prompt_bt, len_b, active_b, key, fir
     adapt = ctx.adapt
     probe_every = 0 if adapt is None else 1 if ctx.cheap else adapt.probe_every
     optimistic = adapt is not None and ctx.cheap and ctx.sampling.greedy
-    first_ema = 0.0 if not optimistic else ctx.bar(b) if b == 1 else SHADOW_PRIOR * ctx.bar(b)
+    first_ema = (1.0 if b == 1 else SHADOW_PRIOR) * ctx.bar(b) if optimistic else 0.0
     row = SpecRow(
         cache=cache,
         hist_bl=jnp.zeros((b, t + n_out), jnp.int32).at[:, :t].set(prompt_bt),

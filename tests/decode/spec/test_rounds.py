@@ -14,8 +14,8 @@ from specjax.decode.backend import ACCELERATOR, CPU
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.spec.drafters.base import Draft
 from specjax.decode.spec.drafters.ngram import NgramDrafter
-from specjax.decode.spec.policy import Adaptive
-from specjax.decode.spec.program import SHADOW_PRIOR, initial_state
+from specjax.decode.spec.policy import SHADOW_PRIOR, Adaptive
+from specjax.decode.spec.program import initial_state
 from specjax.decode.spec.rounds import RoundContext, advance_shadow, commit, plain_round, spec_round
 from specjax.decode.spec.state import Shadow
 

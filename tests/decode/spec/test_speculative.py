@@ -47,7 +47,8 @@ def spec(tiny_model):
 def test_greedy_equals_plain_greedy(plain, spec, batch_size):
     cfg = GenerateConfig(max_new_tokens=16, batch_size=batch_size, ignore_eos=True)
     ref, _ = plain.generate(PROMPTS, cfg)
-    # In a batch the adaptive policy stays plain while one row ("xyz") has no draft: every round speculates.
+    # In a batch the adaptive policy would stay plain while one row ("xyz") has no draft, so the batch runs
+    # without it: every round speculates.
     out, stats = spec.generate(PROMPTS, cfg, SpecConfig(k=K, adaptive=batch_size == 1))
     assert [o.tokens for o in out] == [r.tokens for r in ref]
     assert all(o.finish_reason == "length" for o in out)

@@ -153,7 +153,9 @@ def test_ctrl_c_keeps_finished_rows_and_exits_130(tiny, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "specjax.decode", f"model={tiny}", f"prompts_file={prompts}",
                "max_new_tokens=16", "batch_size=1", f"output={out}", "quiet=true"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # bufsize=0: a buffered reader's readline reads ahead, and communicate() reads the pipe's descriptor, not
+    # that buffer, so whatever the read-ahead took (the rest of row 0, row 1) would be lost to the count below.
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0)
     try:
         first = proc.stdout.readline()  # the first batch is printed as soon as it finishes
         assert first.startswith(b"--- [0] 'prompt 0'"), (first, proc.stderr.read() if proc.poll() is not None else "")

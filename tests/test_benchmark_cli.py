@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,45 @@ def test_bad_options_are_one_error_line(script, args, message):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.strip() == message, r.stderr
+
+
+# --------------------------------------------------------------------------- benchmarks/accelerator.py
+def test_accelerator_benchmark_refuses_missing_assets_and_bad_sizes(tmp_path):
+    script = str(ROOT / "benchmarks" / "accelerator.py")
+    r = subprocess.run([sys.executable, script, "--assets", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --assets must name a folder written by --prepare"
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "a"}\n')
+    r = subprocess.run([sys.executable, script, "--assets", str(tmp_path), "--targets", "nosuch"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: --targets: no config.json under {tmp_path} for nosuch"
+
+
+@pytest.mark.slow
+def test_accelerator_benchmark_runs_every_setup_on_a_random_copy(tmp_path):
+    """What a GPU session runs, on a random copy of the tiny model (float32 on CPU: greedy rounds equal
+    plain decoding's tokens), so the script cannot rot between the sessions that are lent a GPU."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import accelerator
+    from tiny_hf import write_tiny_hf_model
+
+    from specjax.models import load_model
+
+    model, tok = load_model(str(write_tiny_hf_model(tmp_path / "hf")))
+    accelerator.write_target(tmp_path / "assets" / "tiny", model.cfg, tok)
+    prompts = [{"prompt": p} for p in ("abcabcabc", "hello hello")]
+    (tmp_path / "assets" / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    out = tmp_path / "rows.jsonl"
+    script = str(ROOT / "benchmarks" / "accelerator.py")
+    r = subprocess.run([sys.executable, script, "--assets", str(tmp_path / "assets"), "--targets", "tiny",
+                        "--setups", "ngram:4,lookup:6,recycle:4,eagle3:4", "--batch", "1,2",
+                        "--tokens", "8", "--reps", "1", "--dtype", "float32", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()][1:]  # the first line: the config
+    assert [(row["batch"], row["setup"]) for row in rows] == [
+        (b, s) for b in (1, 2) for s in ("plain", "ngram:4", "lookup:6", "recycle:4", "eagle3:4")]
+    for row in rows:
+        assert row["ms"] > 0 and row["cost"] > 0 and row["tau"] >= 1.0
+        if row["setup"] != "plain":
+            assert row["same"] is True and row["first_diff"] == [None] * row["batch"], row
+    assert "| tiny | 0 | 2 | eagle3:4 |" in r.stdout

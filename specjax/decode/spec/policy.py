@@ -74,8 +74,8 @@ class Adaptive:
       max_probe_every: the gap doubles after every probe that does not lead to speculation, up to
         this; a speculative round that the bar chose resets it to probe_every.
       verify_cost: what a speculative round costs in plain rounds, drafting included, or None for the
-        built-in estimate: `estimated_verify_cost` (measured on XLA:CPU; on accelerators it is small
-        and the floor rules) plus the drafter's `draft_cost.draft_cost`.
+        built-in estimate: `estimated_verify_cost` (measured on XLA:CPU and on one H200; on an
+        accelerator at batch 1 it is small and the floor rules) plus the drafter's `draft_cost.draft_cost`.
       min_best_gain: speculation is switched off (no probes, no speculative rounds: plain decoding)
         when even a round whose draft is accepted in full would beat plain rounds by less than this
         factor (`off`), e.g. a 4-token layer-skip draft through the full 262,144-row head on XLA:CPU.
@@ -132,10 +132,16 @@ def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> 
     the batch-1 estimate grows by PACKED_VERIFY_EXTRA x packed. Batch 8, Gemma: greedy 2.09 / 3.47,
     sampled 2.14 / 7.98 — past MAX_CHUNKED_ROWS block rows the head is one float32 product whose full
     logits sampling also normalises — modelled as 1 + k · per-row cost (packed or not: a batch-8 plain
-    step multiplies many rows too). Other backends: verification is nearly free next to a step.
+    step multiplies many rows too).
+
+    Accelerators (one H200, bfloat16, docs/benchmarks.md "Speculation on an H200"): whole rounds of the
+    cheap drafters (n-gram, lookup tree, Token Recycling), greedy and sampled alike, k = 8-12 — batch 1:
+    0.83-0.97 (Qwen 1.5B; its one-row step is slow there) and 1.03-1.25 (Gemma 3 270M); batch 8: 1.60-1.80
+    and 1.76-2.20. Modelled as 1 + k · (0.02 + 0.01 (b - 1)): 1.16 / 1.72 at k = 8, batch 1 / 8 (a
+    batch's k+1 positions per row stop being free as the rows multiply).
     """
     if jax.default_backend() != "cpu":
-        return 1.0 + 0.05 * k
+        return 1.0 + k * (0.02 + 0.01 * (b - 1))
     if b == 1:
         return (1.8 + 0.18 * k) * (1.0 + PACKED_VERIFY_EXTRA * packed)
     per_row = 0.3 if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS else 0.9

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from decode import step_bytes  # noqa: E402
 from spec_harness import SHARED, generate_config, load_prompts, parse_setup  # noqa: E402
 
 TARGETS = ("gemma3-270m", "qwen2.5-coder-1.5b-instruct")
@@ -83,7 +84,7 @@ def random_target(folder: Path, layers: int | None, dtype: str = "bfloat16", see
     return Transformer(cfg, dtype=jnp.dtype(dtype), rngs=nnx.Rngs(seed)), Tokenizer.load(folder / "tokenizer")
 
 
-def eagle3_drafter(model, k: int):
+def eagle3_drafter(model):
     """A random EAGLE-3 head as the recipes build it: fused layers 2, L/2, L-3, a 32k draft vocabulary,
     an EAGLE-2 dynamic tree of depth 4, top-4 (k nodes verified)."""
     import numpy as np
@@ -115,16 +116,6 @@ def read_bandwidth_gbps() -> float:
     return x.nbytes / statistics.median(ts) / 1e9
 
 
-def weight_bytes(model) -> int:
-    import jax
-    from flax import nnx
-
-    total = sum(a.nbytes for a in jax.tree.leaves(nnx.state(model)))
-    if not model.cfg.tie_embeddings:  # the lookup table is not read by a step, the separate head is
-        total -= model.embed.nbytes
-    return total
-
-
 def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]:
     """Rows for one target: per temperature and batch size, plain and every setup, interleaved reps."""
     from specjax.decode import Generator, SpeculativeGenerator
@@ -134,7 +125,7 @@ def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]
     for text in args.setups.split(","):
         if text.startswith("eagle3:"):
             k = int(text.split(":")[1])
-            drafter, params = eagle3_drafter(model, k)
+            drafter, params = eagle3_drafter(model)
             # the drafter passed in replaces the config's method (a checkpoint-less head)
             setups[text] = parse_setup(f"ngram:{k}:adaptive=0:min_best_gain=0")[1]
             gens[text] = SpeculativeGenerator(model, tok, drafter=drafter, draft_params=params)
@@ -142,6 +133,12 @@ def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]
             setups[text] = parse_setup(f"{text}:adaptive=0:min_best_gain=0")[1]
             gens[text] = SpeculativeGenerator(model, tok)
     rows = []
+
+    def emit(row: dict) -> None:  # rows go out as they finish: a device call cut by its limit keeps them
+        rows.append(row)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
     for temp in [float(t) for t in args.temps.split(",")]:
         for b in [int(x) for x in args.batch.split(",")]:
             texts = [p["prompt"] for p in prompts[:b]]
@@ -160,26 +157,23 @@ def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]
                         runs[n].append((outs, st))
             base = runs["plain"]
             step_ms = statistics.median(st.ms_per_token for _, st in base)
-            row = {"target": name, "T": temp, "batch": b, "setup": "plain", "ms": step_ms, "cost": 1.0,
-                   "tau": 1.0, "tok_s": statistics.median(st.tokens_per_s for _, st in base),
-                   "compile_s": compile_s["plain"], "same": None}
-            rows.append(row)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+            emit({"target": name, "T": temp, "batch": b, "setup": "plain", "ms": step_ms, "cost": 1.0, "tau": 1.0,
+                  "tok_s": statistics.median(st.tokens_per_s for _, st in base), "compile_s": compile_s["plain"],
+                  "same": None})
+            plain_tokens = [o.tokens for o in base[0][0]]
             for n in setups:
                 sts = [st for _, st in runs[n]]
                 ms = statistics.median(st.ms_per_round for st in sts)
-                same = (all([o.tokens for o in outs] == [o.tokens for o in base[0][0]] for outs, _ in runs[n])
-                        if temp == 0 else None)
-                first_diff = (first_divergence([o.tokens for o in runs[n][0][0]], [o.tokens for o in base[0][0]])
-                              if temp == 0 else None)
+                # Greedy: per rep, where each row first differs from plain's tokens (None: equal).
+                diffs = ([first_divergence([o.tokens for o in outs], plain_tokens) for outs, _ in runs[n]]
+                         if temp == 0 else None)
+                same = None if diffs is None else all(d is None for rep in diffs for d in rep)
+                first_diff = None if diffs is None else diffs[0]
                 row = {"target": name, "T": temp, "batch": b, "setup": n, "ms": ms, "cost": ms / step_ms,
                        "tau": statistics.median(st.tau for st in sts),
                        "tok_s": statistics.median(st.tokens_per_s for st in sts),
                        "compile_s": compile_s[n], "same": same, "first_diff": first_diff}
-                rows.append(row)
-                out.write(json.dumps(row) + "\n")
-                out.flush()
+                emit(row)
                 log(f"{name} T={temp:g} b={b} {n}: round {ms:.2f} ms = {ms / step_ms:.2f} plain steps "
                     f"({step_ms:.2f} ms); random-weight τ {row['tau']:.2f}; same as plain: {same} "
                     f"(first difference at {first_diff})")
@@ -240,7 +234,7 @@ def main() -> None:
     with args.out.open("w") as out:
         for name in args.targets.split(","):
             model, tok = random_target(args.assets / name, args.layers or None, args.dtype)
-            nbytes = weight_bytes(model)
+            nbytes = step_bytes(model)
             floors[name] = (nbytes, nbytes / (bw * 1e9) * 1e3)
             out.write(json.dumps({"target": name, "weight_bytes": nbytes, "read_GBps": bw,
                                   "config": dataclasses.asdict(model.cfg)}) + "\n")

@@ -18,7 +18,10 @@ target's weight-read floor per step.
     python benchmarks/accelerator.py --prepare ASSETS          # here, with the real models installed
     python benchmarks/accelerator.py --assets ASSETS [--targets gemma3-270m,qwen2.5-coder-1.5b-instruct]
         [--setups ngram:8,lookup:12,recycle:8,eagle3:10] [--batch 1,8] [--tokens 128] [--reps 3]
+        (a setup's own keys override adaptive=0, e.g. ngram:8:adaptive=1:verify_cost=1000:cheap_max_gap=1
+         measures plain rounds that propose a shadow draft every round)
         [--temps 0] [--layers N (smoke test: the first N layers)] [--out rows.jsonl]
+        [--profile FIELD=VALUE (the accelerator profile with a field changed, e.g. min_product_rows=8)]
 """
 
 from __future__ import annotations
@@ -123,14 +126,16 @@ def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]
     plain = Generator(model, tok)
     setups, gens = {}, {}
     for text in args.setups.split(","):
-        if text.startswith("eagle3:"):
-            k = int(text.split(":")[1])
+        method, k, *keys = text.split(":")
+        # Every round speculative unless the setup says otherwise (its keys come last and win).
+        spec = ":".join([method, k, "adaptive=0", "min_best_gain=0", *keys])
+        if method == "eagle3":
             drafter, params = eagle3_drafter(model)
             # the drafter passed in replaces the config's method (a checkpoint-less head)
-            setups[text] = parse_setup(f"ngram:{k}:adaptive=0:min_best_gain=0")[1]
+            setups[text] = parse_setup("ngram" + spec.removeprefix("eagle3"))[1]
             gens[text] = SpeculativeGenerator(model, tok, drafter=drafter, draft_params=params)
         else:
-            setups[text] = parse_setup(f"{text}:adaptive=0:min_best_gain=0")[1]
+            setups[text] = parse_setup(spec)[1]
             gens[text] = SpeculativeGenerator(model, tok)
     rows = []
 
@@ -171,6 +176,7 @@ def measure(name: str, model, tok, prompts: list[dict], args, out) -> list[dict]
                 first_diff = None if diffs is None else diffs[0]
                 row = {"target": name, "T": temp, "batch": b, "setup": n, "ms": ms, "cost": ms / step_ms,
                        "tau": statistics.median(st.tau for st in sts),
+                       "plain_rate": statistics.median(st.plain_rate for st in sts),
                        "tok_s": statistics.median(st.tokens_per_s for st in sts),
                        "compile_s": compile_s[n], "same": same, "first_diff": first_diff}
                 emit(row)
@@ -199,6 +205,22 @@ def table(rows: list[dict], floors: dict) -> str:
     return "\n".join(lines)
 
 
+def override_profile(items: list[str]) -> None:
+    """Replaces fields of the accelerator profile for this process (`profile_for` reads it at trace time)."""
+    from specjax.models import backend_profile
+
+    fields = {f.name for f in dataclasses.fields(backend_profile.BackendProfile)} - {"name"}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in fields:
+            fail(f"--profile: no field {key!r} in BackendProfile (fields: {', '.join(sorted(fields))})")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            fail(f"--profile {item!r}: the value must be JSON (e.g. {key}=8)")
+        backend_profile.ACCELERATOR = dataclasses.replace(backend_profile.ACCELERATOR, **{key: parsed})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prepare", type=Path)
@@ -213,7 +235,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--out", type=Path, default=Path("accelerator.jsonl"))
+    ap.add_argument("--profile", action="append", default=[], metavar="FIELD=VALUE",
+                    help="run with this field of the accelerator BackendProfile changed (JSON value; A/B of a setting)")
     args = ap.parse_args()
+    override_profile(args.profile)
     if args.prepare:
         prepare(args.prepare, args.prompts)
         return

@@ -39,6 +39,10 @@ def test_accelerator_benchmark_refuses_missing_assets_and_bad_sizes(tmp_path):
     r = subprocess.run([sys.executable, script, "--assets", str(tmp_path), "--targets", "nosuch"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == f"error: --targets: no config.json under {tmp_path} for nosuch"
+    r = subprocess.run([sys.executable, script, "--assets", str(tmp_path), "--profile", "min_product_rows=eight"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --profile 'min_product_rows=eight': the value must be JSON (e.g. min_product_rows=8)")
 
 
 @pytest.mark.slow

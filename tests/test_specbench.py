@@ -167,3 +167,35 @@ def test_report_errors(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     r = script("report.py", str(tmp_path / "empty.jsonl"))
     assert r.returncode == 2 and r.stderr.startswith("error: the result files hold no rows")
+
+
+# --------------------------------------------------------------------------- project.py
+def test_projection_costs_rounds_at_the_accelerators_measured_prices(tmp_path):
+    """projected steps = rounds x (plain share x p + speculative share x c); plain takes a step per token."""
+    sys.path.insert(0, str(ROOT / "experiments" / "specbench"))
+    import project
+
+    costs = tmp_path / "costs.jsonl"
+    costs.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"target": "m", "weight_bytes": 1},  # the config line of accelerator.py
+        {"target": "m", "T": 0.0, "batch": 1, "setup": "plain", "cost": 1.0},
+        {"target": "m", "T": 0.0, "batch": 1, "setup": "ngram:8", "cost": 0.9},
+        {"target": "m", "T": 0.0, "batch": 1, "setup": "ngram:8:verify_cost=1000", "cost": 1.07},  # has keys: not c
+    ]))
+    rows = [{**row(["a"], "x", "plain", 99.0, rounds=20)},
+            {**row(["a"], "x", "ngram:8:verify_cost=1.16", 99.0, rounds=10), "plain_rate": 0.5}]
+    got = project.project(rows, project.round_costs(costs), plain_round_cost=1.1)
+    assert got[0]["wall_s"] == 20.0
+    assert got[1]["wall_s"] == pytest.approx(10 * (0.5 * 1.1 + 0.5 * 0.9))
+    cell = spec_harness.summarize(got)[("m", 0.0, 1)]["all"]["ngram:8:verify_cost=1.16"]
+    assert cell["speedup"] == pytest.approx(2.0)
+    # T = 1 rows take the T = 0 cost when only that was measured (the H200 measured both alike)
+    assert project.cost_of(project.round_costs(costs), {**rows[1], "T": 1.0}) == 0.9
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = script("project.py", str(tmp_path / "rows.jsonl"), "--costs", str(costs))
+    assert r.returncode == 0 and "| x | 1 | 2.11× (2.11×) | 1.00 | 50% |" in r.stdout, r.stdout + r.stderr
+    r = script("project.py", str(tmp_path / "rows.jsonl"), "--costs", str(tmp_path / "rows.jsonl"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: no measured round cost for m batch 1 ngram:8 in {tmp_path / 'rows.jsonl'}"), r.stderr
+    r = script("project.py", str(tmp_path / "missing.jsonl"), "--costs", str(costs))
+    assert r.returncode == 2 and r.stderr.startswith("error: no such file")

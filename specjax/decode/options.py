@@ -36,7 +36,7 @@ class AdaptiveOptions:
     every round)."""
 
     enabled: bool = _SPEC.adaptive
-    min_expected_accept: float = _ADAPT.min_expected_accept
+    min_expected_accept: float | None = _ADAPT.min_expected_accept  # None: the backend's floor
     ema_weight: float = _ADAPT.ema_weight
     probe_every: int = _ADAPT.probe_every
     max_probe_every: int = _ADAPT.max_probe_every
@@ -81,7 +81,7 @@ class SpecOptions:
             return None
         a, d = self.adaptive, self.drafter
         return SpecConfig(
-            k=self.k, method=self.method, adaptive=a.enabled, min_expected_accept=float(a.min_expected_accept),
+            k=self.k, method=self.method, adaptive=a.enabled, min_expected_accept=a.min_expected_accept,
             ema_weight=float(a.ema_weight), probe_every=a.probe_every, max_probe_every=a.max_probe_every,
             verify_cost=a.verify_cost, min_best_gain=float(a.min_best_gain), cheap_max_gap=a.cheap_max_gap,
             max_ngram=d.max_ngram,

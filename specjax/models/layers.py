@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models.backend_profile import one_row_product
 from specjax.models.weight_formats import packed_product
 
 
@@ -45,7 +46,7 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         packed = self.packed
-        y = packed_product(packed, x) if packed is not None else jnp.einsum("...i,io->...o", x, self.w[...])
+        y = packed_product(packed, x) if packed is not None else one_row_product(x, self.w[...])
         return y + self.b[...] if self.b is not None else y
 
 

@@ -23,6 +23,38 @@ def test_each_backend_selects_its_profile():
     assert not (ACCELERATOR.int8_head or ACCELERATOR.live_counter or ACCELERATOR.head_barrier
                 or ACCELERATOR.first_token_cond)
     assert ACCELERATOR.live(jax.numpy.int32(3)) is None
+    assert CPU.min_product_rows == 0 and ACCELERATOR.min_product_rows == 8
+
+
+@pytest.mark.parametrize("shape", [(32,), (1, 32), (1, 1, 32), (3, 32), (2, 1, 32)])
+def test_one_row_products_run_on_eight_rows_under_the_accelerator_profile(monkeypatch, shape):
+    """The padding changes the product's shape XLA sees, not its values; more rows are left as they are."""
+    import jax.numpy as jnp
+
+    from specjax.models import backend_profile
+
+    x = jax.random.normal(jax.random.key(0), shape)
+    w = jax.random.normal(jax.random.key(1), (32, 48))
+    want = jnp.einsum("...i,io->...o", x, w)
+    monkeypatch.setattr(backend_profile, "profile_for", lambda backend=None: ACCELERATOR)
+    fn = lambda x, w: backend_profile.one_row_product(x, w)  # a new function: nothing cached from other tests
+    got = jax.jit(fn)(x, w)
+    assert got.shape == want.shape
+    assert jnp.allclose(got, want, rtol=1e-5, atol=1e-5)
+    hlo = jax.jit(fn).lower(x, w).as_text()
+    assert ("tensor<8x32xf32>" in hlo) == (x.size == 32)
+
+
+def test_a_one_token_forward_keeps_its_logits_with_padded_products(monkeypatch, tiny_model):
+    import jax.numpy as jnp
+
+    from specjax.models import backend_profile
+
+    tokens, positions = jnp.array([[5]], jnp.int32), jnp.array([[0]], jnp.int32)
+    want = tiny_model.logits(tiny_model(tokens, positions)[0])
+    monkeypatch.setattr(backend_profile, "profile_for", lambda backend=None: ACCELERATOR)
+    got = tiny_model.logits(tiny_model(tokens, positions)[0])
+    assert jnp.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.8, top_p=0.9, seed=4)],

@@ -52,7 +52,7 @@ class SpecConfig:
     max_ngram: int = 3
     min_ngram: int = 1
     adaptive: bool = True
-    min_expected_accept: float = Adaptive.min_expected_accept
+    min_expected_accept: float | None = Adaptive.min_expected_accept
     ema_weight: float = Adaptive.ema_weight
     probe_every: int = Adaptive.probe_every
     max_probe_every: int = Adaptive.max_probe_every
@@ -90,6 +90,10 @@ class SpecConfig:
         if self.verify_cost is not None and not (isinstance(self.verify_cost, (int, float)) and self.verify_cost >= 1):
             raise GenerationError(f"verify_cost must be >= 1 (plain rounds per speculative round), "
                                   f"got {self.verify_cost!r}")
+        if self.min_expected_accept is not None and (isinstance(self.min_expected_accept, bool) or not isinstance(
+                self.min_expected_accept, (int, float)) or self.min_expected_accept < 0):
+            raise GenerationError(f"min_expected_accept must be a number >= 0 or None (the backend's floor), "
+                                  f"got {self.min_expected_accept!r}")
         if isinstance(self.min_best_gain, bool) or not isinstance(self.min_best_gain, (int, float)) or \
                 self.min_best_gain < 0:
             raise GenerationError(f"min_best_gain must be a number >= 0 (0: never switch speculation off), "
@@ -108,7 +112,8 @@ class SpecConfig:
         if not self.adaptive:
             return None
         cost = None if self.verify_cost is None else float(self.verify_cost)
-        return Adaptive(min_expected_accept=float(self.min_expected_accept), ema_weight=float(self.ema_weight),
+        floor = None if self.min_expected_accept is None else float(self.min_expected_accept)
+        return Adaptive(min_expected_accept=floor, ema_weight=float(self.ema_weight),
                         probe_every=self.probe_every, max_probe_every=self.max_probe_every,
                         verify_cost=cost, min_best_gain=float(self.min_best_gain),
                         cheap_max_gap=self.cheap_max_gap)

@@ -67,7 +67,8 @@ class Adaptive:
 
     Attributes:
       min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
-        still qualify. Break-even on XLA:CPU at batch 1 is ~0.8 (k=4) to ~1.3 (k=8) for free drafts.
+        still qualify; None: the backend's (`default_min_expected_accept`: 2.0 on XLA:CPU, 1.0 on
+        accelerators, where a round costs about a plain step and the floor is all of the bar).
       ema_weight: weight of the newest observation in the moving average.
       probe_every: costly drafters only (cheap ones learn from shadow drafts): plain rounds before the
         first probe (a draft run as a shadow, see the module doc), and the initial gap between probes.
@@ -84,7 +85,7 @@ class Adaptive:
         most this many tokens).
     """
 
-    min_expected_accept: float = 2.0
+    min_expected_accept: float | None = None
     ema_weight: float = DEFAULT_EMA_WEIGHT
     probe_every: int = 16
     max_probe_every: int = 256
@@ -93,8 +94,9 @@ class Adaptive:
     cheap_max_gap: int = 8
 
     def threshold(self, k: int) -> float:
-        """The floor of the bar: min_expected_accept capped at 3/4 of k."""
-        return min(self.min_expected_accept, 0.75 * k)
+        """The floor of the bar: min_expected_accept (None: the backend's) capped at 3/4 of k."""
+        floor = default_min_expected_accept() if self.min_expected_accept is None else self.min_expected_accept
+        return min(floor, 0.75 * k)
 
     def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
         """A speculative round's cost in plain rounds; `draft_cost` is what the drafter's k-token draft
@@ -121,6 +123,20 @@ class Adaptive:
                 f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
 
 
+def default_min_expected_accept() -> float:
+    """The bar's floor when `Adaptive.min_expected_accept` is None, per backend.
+
+    The floor is a margin over break-even: a moving average overshoots after a lucky streak, and a round
+    it wrongly buys costs its whole verify forward. On XLA:CPU break-even at batch 1 is ~0.8 (k=4) to
+    ~1.3 (k=8) accepted tokens for free drafts and the floor is 2.0. On an accelerator a cheap drafter's
+    round costs 0.83-1.25 plain steps at batch 1 (one H200, `estimated_verify_cost`): break-even is
+    ~0.2 tokens, and a floor of 2.0 would leave rows that average 1-2 accepted tokens per round (a round
+    there buys ~1.7-2.6x) in plain rounds. 1.0 keeps a margin of ~0.8 tokens there; at batch 8
+    (break-even ~0.7) the round cost's own bar is close to it.
+    """
+    return 2.0 if jax.default_backend() == "cpu" else 1.0
+
+
 def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> float:
     """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
 
@@ -136,9 +152,11 @@ def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> 
 
     Accelerators (one H200, bfloat16, docs/benchmarks.md "Speculation on an H200"): whole rounds of the
     cheap drafters (n-gram, lookup tree, Token Recycling), greedy and sampled alike, k = 8-12 — batch 1:
-    0.83-0.97 (Qwen 1.5B; its one-row step is slow there) and 1.03-1.25 (Gemma 3 270M); batch 8: 1.60-1.80
-    and 1.76-2.20. Modelled as 1 + k · (0.02 + 0.01 (b - 1)): 1.16 / 1.72 at k = 8, batch 1 / 8 (a
-    batch's k+1 positions per row stop being free as the rows multiply).
+    0.83-0.97 (Qwen 1.5B) and 1.03-1.25 (Gemma 3 270M) against the one-row step as it was, 1.02 (Qwen)
+    and 1.42 (Gemma) for ngram:8 against the step with its products padded to 8 rows (the accelerator
+    profile's `min_product_rows`, 1.2x faster); batch 8: 1.60-1.80 and 1.76-2.20. Modelled as
+    1 + k · (0.02 + 0.01 (b - 1)): 1.16 / 1.72 at k = 8, batch 1 / 8 (a batch's k+1 positions per row
+    stop being free as the rows multiply).
     """
     if jax.default_backend() != "cpu":
         return 1.0 + k * (0.02 + 0.01 * (b - 1))

@@ -63,8 +63,14 @@ class BackendProfile:
       prefill_chunk: longest block of prompt tokens one prefill step runs (longer prompts go in
         blocks: attention memory grows with block x slots, not prompt²). Accelerators take larger
         blocks (more parallel work per step, more memory).
-      min_product_rows: a one-row product of a float matrix (`one_row_product`) runs on this many rows,
-        the rest zeros (0: as is). See `one_row_product` for why an accelerator wants it.
+      min_product_rows: a one-row matrix product (`one_row_padded`: float `Linear`s and the accelerator
+        path of packed ones) runs on this many rows, the rest zeros (0: as is). See `one_row_padded`.
+      spec_min_accept: the adaptive speculation bar's floor (expected accepted draft tokens per round)
+        when `Adaptive.min_expected_accept` is None. A margin over break-even, since a moving average
+        overshoots after a lucky streak and a wrongly bought round costs its whole verify forward: on
+        XLA:CPU break-even at batch 1 is ~0.8 (k=4) to ~1.3 (k=8) and the floor 2.0; on one H200 a cheap
+        drafter's round costs 0.83-1.42 plain steps at batch 1 (break-even ~0.2), where 2.0 kept rows
+        averaging 1-2 accepted tokens (a round there buys ~1.7-2.6x) in plain rounds; 1.0 keeps ~0.8.
     """
 
     name: str
@@ -81,6 +87,7 @@ class BackendProfile:
     head_blockwise_rows: int = 0
     prefill_chunk: int = 2048
     min_product_rows: int = 0
+    spec_min_accept: float = 1.0
 
     def live(self, steps: jax.Array) -> jax.Array | None:
         """The `live` argument of `Transformer.logits` / `greedy_tokens` inside a loop."""
@@ -99,7 +106,8 @@ class BackendProfile:
 
 CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
                      compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())),
-                     blockwise=True, gemv_max_cols=4095, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512)
+                     blockwise=True, gemv_max_cols=4095, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512,
+                     spec_min_accept=2.0)
 ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
                              first_token_cond=False, min_product_rows=8)
 
@@ -122,22 +130,28 @@ def fusion_fence(x: jax.Array, counter: jax.Array) -> jax.Array:
     return jax.lax.while_loop(lambda c: c[0] < one, body, (jnp.zeros((), jnp.int32), x))[1]
 
 
-def one_row_product(x: jax.Array, w_io: jax.Array) -> jax.Array:
-    """x [..., in] @ w [in, out], a one-row x padded to the profile's `min_product_rows` rows.
+def one_row_padded(x_mi: jax.Array, product) -> jax.Array:
+    """`product(x_mi)` ([m, in] → [m, out]), a one-row x_mi run on the profile's `min_product_rows` rows.
 
     On one H200 (XLA:GPU, bfloat16, docs/benchmarks.md) a one-row product of Qwen 1.5B's MLP matrices
     took longer than an eight-row one (XLA strength-reduces small one-row dots to reductions and picks
     a slower GEMM tiling for the large ones), and a batch-1 plain step (2.33 ms) more than a batch-8 one
     (1.62 ms). Padded to 8 rows the batch-1 step took 1.89 ms (Gemma 3 270M: 1.10 → 0.94 ms). Zero rows
     cost no extra weight reads; the optimization barriers keep XLA from slicing the product back down
-    to one row. On CPU (min_product_rows 0), and at any other row count, this is the plain einsum.
+    to one row. On CPU (min_product_rows 0), and at any other row count, this is `product(x_mi)`.
     """
     pad = profile_for().min_product_rows - 1
-    if pad <= 0 or math.prod(x.shape[:-1]) != 1:
-        return jnp.einsum("...i,io->...o", x, w_io)
-    x_8i = jax.lax.optimization_barrier(jnp.pad(x.reshape(1, -1), ((0, pad), (0, 0))))
-    y_8o = jax.lax.optimization_barrier(x_8i @ w_io)
-    return y_8o[:1].reshape(*x.shape[:-1], -1)
+    if pad <= 0 or x_mi.shape[0] != 1:
+        return product(x_mi)
+    x_8i = jax.lax.optimization_barrier(jnp.pad(x_mi, ((0, pad), (0, 0))))
+    return jax.lax.optimization_barrier(product(x_8i))[:1]
+
+
+def one_row_product(x: jax.Array, w_io: jax.Array) -> jax.Array:
+    """x [..., in] @ w [in, out] (a float `Linear`), a one-row x padded as `one_row_padded` says."""
+    if math.prod(x.shape[:-1]) != 1 or profile_for().min_product_rows <= 1:
+        return jnp.einsum("...i,io->...o", x, w_io)  # the product as it always was
+    return one_row_padded(x.reshape(1, -1), lambda x_mi: x_mi @ w_io).reshape(*x.shape[:-1], -1)
 
 
 def profile_for(backend: str | None = None) -> BackendProfile:

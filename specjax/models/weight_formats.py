@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from specjax.models.backend_profile import profile_for
+from specjax.models.backend_profile import one_row_padded, profile_for
 from specjax.models.config import ConfigError
 from specjax.models.quant import BlockQuant, block_quant_from_gguf
 
@@ -71,8 +71,9 @@ def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
     elif prof.blockwise:
         y = packed.matmul_chunked(x_mi, block_rows(o, i, prof.block_bytes, prof.min_block_rows))
     else:
-        y = jax.lax.dot_general(x_mi, packed.dequantized().astype(x.dtype), (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+        w_oi = packed.dequantized().astype(x.dtype)
+        y = one_row_padded(x_mi, lambda m: jax.lax.dot_general(m, w_oi, (((1,), (1,)), ((), ())),
+                                                               preferred_element_type=jnp.float32))
     return y.astype(x.dtype).reshape(*x.shape[:-1], o)
 
 

@@ -24,6 +24,7 @@ def test_each_backend_selects_its_profile():
                 or ACCELERATOR.first_token_cond)
     assert ACCELERATOR.live(jax.numpy.int32(3)) is None
     assert CPU.min_product_rows == 0 and ACCELERATOR.min_product_rows == 8
+    assert CPU.spec_min_accept == 2.0 and ACCELERATOR.spec_min_accept == 1.0
 
 
 @pytest.mark.parametrize("shape", [(32,), (1, 32), (1, 1, 32), (3, 32), (2, 1, 32)])
@@ -129,3 +130,23 @@ def test_the_fusion_fence_keeps_values_and_survives_compilation():
     np.testing.assert_allclose(np.asarray(jax.jit(head)(x, w, jnp.int32(3))), (x / np.sqrt(np.mean(x * x))) @ w,
                                rtol=1e-5, atol=1e-5)
     assert ACCELERATOR.head_input(x, jnp.int32(3)) is x
+
+
+def test_packed_one_row_products_run_on_eight_rows_under_the_accelerator_profile(monkeypatch):
+    """Packed weights take the accelerator's dequantize-and-multiply path, padded like float ones."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from specjax.models import backend_profile, weight_formats
+    from specjax.models.quant import BlockQuant
+
+    rng = np.random.default_rng(0)
+    packed = BlockQuant(rng.integers(-127, 128, (48, 32)).astype(np.int8), np.full((48, 1), 2.0 ** -6, np.float32))
+    x = jax.random.normal(jax.random.key(0), (1, 1, 32))
+    for module in (backend_profile, weight_formats):
+        monkeypatch.setattr(module, "profile_for", lambda backend=None: ACCELERATOR)
+    fn = lambda x: weight_formats.packed_product(packed, x)
+    got = jax.jit(fn)(x)
+    want = x.reshape(1, 32) @ packed.dequantized().T
+    assert got.shape == (1, 1, 48) and jnp.allclose(got.reshape(1, 48), want, rtol=1e-5, atol=1e-5)
+    assert "tensor<8x32xf32>" in jax.jit(fn).lower(x).as_text()

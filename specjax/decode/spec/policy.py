@@ -35,6 +35,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.decode.backend import profile_for
 from specjax.decode.spec.drafters.base import Draft
 from specjax.decode.spec.rounds import DEFAULT_EMA_WEIGHT, RoundContext, plain_round, propose, spec_round
 from specjax.decode.spec.state import SpecState
@@ -67,7 +68,7 @@ class Adaptive:
 
     Attributes:
       min_expected_accept: the floor of the bar, capped at 0.75 k so that a short draft length can
-        still qualify; None: the backend's (`default_min_expected_accept`: 2.0 on XLA:CPU, 1.0 on
+        still qualify; None: the backend's (`BackendProfile.spec_min_accept`: 2.0 on XLA:CPU, 1.0 on
         accelerators, where a round costs about a plain step and the floor is all of the bar).
       ema_weight: weight of the newest observation in the moving average.
       probe_every: costly drafters only (cheap ones learn from shadow drafts): plain rounds before the
@@ -95,7 +96,7 @@ class Adaptive:
 
     def threshold(self, k: int) -> float:
         """The floor of the bar: min_expected_accept (None: the backend's) capped at 3/4 of k."""
-        floor = default_min_expected_accept() if self.min_expected_accept is None else self.min_expected_accept
+        floor = profile_for().spec_min_accept if self.min_expected_accept is None else self.min_expected_accept
         return min(floor, 0.75 * k)
 
     def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
@@ -121,20 +122,6 @@ class Adaptive:
         return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
                 f"{max_accept + 1} tokens, a best case below {self.min_best_gain:g}x (override: min_best_gain / "
                 f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
-
-
-def default_min_expected_accept() -> float:
-    """The bar's floor when `Adaptive.min_expected_accept` is None, per backend.
-
-    The floor is a margin over break-even: a moving average overshoots after a lucky streak, and a round
-    it wrongly buys costs its whole verify forward. On XLA:CPU break-even at batch 1 is ~0.8 (k=4) to
-    ~1.3 (k=8) accepted tokens for free drafts and the floor is 2.0. On an accelerator a cheap drafter's
-    round costs 0.83-1.25 plain steps at batch 1 (one H200, `estimated_verify_cost`): break-even is
-    ~0.2 tokens, and a floor of 2.0 would leave rows that average 1-2 accepted tokens per round (a round
-    there buys ~1.7-2.6x) in plain rounds. 1.0 keeps a margin of ~0.8 tokens there; at batch 8
-    (break-even ~0.7) the round cost's own bar is close to it.
-    """
-    return 2.0 if jax.default_backend() == "cpu" else 1.0
 
 
 def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> float:

@@ -13,7 +13,7 @@ from specjax.decode.errors import GenerationError
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.spec import SpecConfig, cost
 from specjax.decode.spec.drafters.chain import reduced_head
-from specjax.decode.spec.policy import PACKED_VERIFY_EXTRA, Adaptive, default_min_expected_accept, estimated_verify_cost
+from specjax.decode.spec.policy import PACKED_VERIFY_EXTRA, Adaptive, estimated_verify_cost
 from specjax.decode.spec.rounds import RoundContext
 from specjax.models import EagleConfig, EagleHead, HeadTable, MedusaConfig, MedusaHeads, Transformer
 from specjax.models.backend_profile import profile_for
@@ -116,7 +116,7 @@ def test_the_accelerator_estimate_stays_within_what_an_h200_measured(monkeypatch
         assert low <= estimated_verify_cost(b, 8, True) <= high
         assert estimated_verify_cost(b, 8, False) == estimated_verify_cost(b, 8, True)  # T = 1 measured alike
     # At batch 1 a round costs about a step: the floor decides; at batch 8 the k+1 positions per row do.
-    assert Adaptive().bar(1, 8, True) == default_min_expected_accept()
+    assert Adaptive().bar(1, 8, True) == profile_for().spec_min_accept == 1.0
     assert estimated_verify_cost(8, 12, True) > estimated_verify_cost(8, 8, True) > estimated_verify_cost(1, 8, True)
 
 

@@ -136,6 +136,15 @@ def gemma3_270m() -> ModelConfig:
     )
 
 
+def qwen2_5_coder_1_5b() -> ModelConfig:
+    """Qwen2.5-Coder-1.5B-Instruct's shapes (what its GGUF's metadata says); used for abstract checks."""
+    return ModelConfig(family="qwen2", vocab_size=151_936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2,
+                       head_dim=128, ffn_dim=8960, layer_kinds=("global",) * 28, sliding_window=None,
+                       rope_base_global=1_000_000.0, rope_base_local=1_000_000.0, norm_eps=1e-6, activation="silu",
+                       tie_embeddings=False, qkv_bias=True, max_seq_len=32_768, bos_id=151_643,
+                       eos_ids=(151_645, 151_643), pad_id=151_643)
+
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 

@@ -26,7 +26,7 @@ class ArchConfig:
     """A model shape: a named preset plus optional overrides of single fields.
 
     Attributes:
-      preset: "gemma3_270m", "gemma3_1b", "gemma3_12b" or "tiny" (see `presets.py`).
+      preset: "gemma3_270m", "gemma3_1b", "gemma3_12b", "qwen2.5_coder_1.5b" or "tiny" (see `presets.py`).
       n_layers, d_model, ffn_dim, n_heads, n_kv_heads, head_dim, vocab_size: overrides (None keeps
         the preset's value).
     """

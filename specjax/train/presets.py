@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specjax.models.config import ModelConfig, gemma3_270m
+from specjax.models.config import ModelConfig, gemma3_270m, qwen2_5_coder_1_5b
 from specjax.train.config import ArchConfig, TrainConfigError
 
 
@@ -31,6 +31,7 @@ PRESETS = {
     "gemma3_270m": gemma3_270m,
     "gemma3_1b": lambda: _gemma3(26, 1152, 4, 1, 6912),
     "gemma3_12b": lambda: _gemma3(48, 3840, 16, 8, 15360),
+    "qwen2.5_coder_1.5b": qwen2_5_coder_1_5b,
 }
 _OVERRIDES = ("d_model", "ffn_dim", "n_heads", "n_kv_heads", "head_dim", "vocab_size")
 
@@ -47,7 +48,9 @@ def model_config(arch: ArchConfig) -> ModelConfig:
     changes = {k: getattr(arch, k) for k in _OVERRIDES if getattr(arch, k) is not None}
     if arch.n_layers is not None:
         changes["n_layers"] = arch.n_layers
-        changes["layer_kinds"] = _kinds(arch.n_layers) if arch.preset != "tiny" else _tiny_kinds(arch.n_layers)
+        changes["layer_kinds"] = (_tiny_kinds(arch.n_layers) if arch.preset == "tiny"
+                                  else ("global",) * arch.n_layers if cfg.sliding_window is None  # Qwen, Llama
+                                  else _kinds(arch.n_layers))
     return cfg.replace(**changes)
 
 

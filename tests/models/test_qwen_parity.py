@@ -163,3 +163,14 @@ def test_logits_and_greedy_continuation_match_transformers(reference, ours, i):
     assert top1 == 1.0 and delta < LOGIT_TOL
     assert greedy == want
     jax.clear_caches()  # programs of this prompt length are not reused
+
+
+def test_the_qwen_preset_is_the_files_config(qwen_path):
+    """`config.qwen2_5_coder_1_5b()` (the training presets' shape for abstract checks) is what the GGUF says."""
+    from specjax.models.config import qwen2_5_coder_1_5b
+    from specjax.models.gguf_loader import config_from_gguf, open_gguf
+
+    from_file = config_from_gguf(open_gguf(qwen_path), qwen_path)
+    preset = qwen2_5_coder_1_5b()
+    assert from_file.norm_eps == pytest.approx(preset.norm_eps)  # the file stores 1e-6 as a float32
+    assert from_file.replace(norm_eps=preset.norm_eps) == preset

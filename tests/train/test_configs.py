@@ -33,8 +33,8 @@ def compose(*overrides: str) -> tuple[TrainConfig, object]:
 
 
 def test_all_experiments_exist():
-    assert EXPERIMENTS == ["distill_1b", "distill_gemma3_270m", "eagle3_gemma3_270m", "eagle_gemma3_270m",
-                           "medusa_gemma3_270m"]
+    assert EXPERIMENTS == ["distill_1b", "distill_gemma3_270m", "eagle3_gemma3_270m", "eagle3_qwen2.5_coder_1.5b",
+                           "eagle_gemma3_270m", "medusa_gemma3_270m"]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -31,12 +31,12 @@ MIXED = "mixed"  # the category of a batch whose prompts come from several categ
 def load_prompts(per_category: int, humaneval: int, shared: Path = SHARED) -> list[dict]:
     """[{id, category, prompt}]: the first `per_category` of each Spec-Bench dev category, then HumanEval dev."""
     rows, seen = [], collections.Counter()
-    for line in (shared / "specbench_dev.jsonl").read_text().splitlines():
+    for line in filter(str.strip, (shared / "specbench_dev.jsonl").read_text().splitlines()):  # blank lines skipped
         r = json.loads(line)
         if seen[r["category"]] < per_category:
             seen[r["category"]] += 1
             rows.append({"id": r["id"], "category": r["category"], "prompt": r["prompt"]})
-    for line in (shared / "humaneval_dev.jsonl").read_text().splitlines()[:humaneval]:
+    for line in list(filter(str.strip, (shared / "humaneval_dev.jsonl").read_text().splitlines()))[:humaneval]:
         r = json.loads(line)
         rows.append({"id": r["id"], "category": "humaneval", "prompt": r["prompt"]})
     return rows

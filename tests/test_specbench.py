@@ -161,6 +161,17 @@ def test_bad_options_are_one_error_line(bench_dirs, args, message):
     assert not (base / "bad.jsonl").exists()
 
 
+def test_a_malformed_prompt_file_is_one_error_line_naming_the_folder(bench_dirs, tmp_path):
+    base, prompts, tiny = bench_dirs
+    bad = tmp_path / "prompts"
+    bad.mkdir()
+    (bad / "specbench_dev.jsonl").write_text((prompts / "specbench_dev.jsonl").read_text() + "\n\n")
+    (bad / "humaneval_dev.jsonl").write_text("{not json\n")
+    r = script("run.py", "--target", str(tiny), "--prompts", str(bad), "--out", str(base / "bad.jsonl"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: cannot read the prompt sets in {bad}: JSONDecodeError"), r.stderr
+
+
 def test_report_errors(tmp_path):
     r = script("report.py", str(tmp_path / "missing.jsonl"))
     assert r.returncode == 2 and r.stderr.startswith("error: no such result file")

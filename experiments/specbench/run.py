@@ -69,11 +69,12 @@ def plan(args) -> tuple[dict, list[tuple[int, float, list[dict]]]]:
         setups = dict(parse_setup(s) for s in args.setups.split(","))
         batches = [int(b) for b in args.batch.split(",")]
         temps = [float(t) for t in args.temps.split(",")]
-        prompts = load_prompts(args.per_category, args.humaneval, Path(args.prompts))[:args.limit or None]
     except (ValueError, TypeError) as e:
         raise fail(f"bad --setups, --batch or --temps: {e}") from None
-    except OSError as e:
-        raise fail(f"cannot read the prompt sets: {e}") from None
+    try:
+        prompts = load_prompts(args.per_category, args.humaneval, Path(args.prompts))[:args.limit or None]
+    except (OSError, ValueError, KeyError) as e:  # a missing file, a line that is not JSON, a row without a field
+        raise fail(f"cannot read the prompt sets in {args.prompts}: {type(e).__name__}: {e}") from None
     if not prompts:
         raise fail("no prompts selected (--per-category, --humaneval, --limit)")
     if args.reps < 1:

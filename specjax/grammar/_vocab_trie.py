@@ -118,6 +118,13 @@ class ClassTrie:
             index_above, n_above = np.cumsum(keep) - 1, int(keep.sum())
         return ClassTrie(symbol, parent, child_start, end_string, len(strings))
 
+    def lengths(self) -> np.ndarray:
+        """int64 [n_strings]: each string's length in classes."""
+        out = np.zeros(self.n_strings, np.int64)
+        for k, end_string in enumerate(self.end_string):
+            out[end_string[end_string >= 0]] = k + 1
+        return out
+
     def strings_within(self, allowed_c: np.ndarray) -> np.ndarray:
         """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes)."""
         out = np.zeros(self.n_strings, bool)

@@ -24,7 +24,7 @@ __all__ = ["GrammarOptions", "compile_grammar", "vocabulary_of"]
 _CACHE_VERSION = "2"  # 2: a checksummed folder per key
 _TABLES = "tables.npz"
 _SOURCES = ("automaton.py", "frontend.py", "terminals.py", "_counted.py", "_dfa.py", "tables.py", "_vocab_trie.py",
-            "compiler.py")
+            "_bodies.py", "compiler.py")
 
 
 def _code_version() -> str:

@@ -2,7 +2,7 @@
 
 The mask of state ``s`` has bit ``v`` set iff walking token ``v``'s bytes from ``s`` never reaches the dead
 state (the automaton is trimmed, so "not dead" means "can still be completed"). Computing it for 262,144
-tokens from every state is vectorised three ways:
+tokens from every state is made cheap five ways:
 
 * **rows, not states**: two states need the same row iff they agree on "alive after each byte string of
   length ≤ the longest token" and on acceptance (for EOS) — a bounded Moore refinement finds these
@@ -11,7 +11,12 @@ tokens from every state is vectorised three ways:
   strings are one column (found by folding the vocabulary's byte trie, built once, see ``_vocab_trie``);
 * **a trie**: the unique class strings are walked level by level from chunks of representatives, carrying
   only the live (representative, trie node) pairs: from most states most tokens die within a byte or two, so
-  this is a few percent of the dense [representatives, trie nodes] walk.
+  this is a few percent of the dense [representatives, trie nodes] walk;
+* **no walk where the answer is known** (``_bodies``): inside a JSON string a token that never leaves the
+  string (its self-loops, UTF-8 and escape helpers) is alive whatever the context, and in a ``maxLength``
+  chain a token of string characters is alive iff it fits; only the other strings are walked per state;
+* **rows in token space**: each distinct row is built from its group's base and its walked strings' tokens
+  (or, when sparse, from its alive strings' tokens alone), not by a gather over all V columns.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.grammar import _deadline
+from specjax.grammar._bodies import Group, loop_groups
 from specjax.grammar._dfa import byte_classes, row_ids
 from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
 from specjax.grammar.automaton import DEAD, ByteAutomaton
@@ -81,69 +87,107 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     state_class = _bounded_classes(trans_sc, auto.accept_s, vocab.max_len)
     reps = np.unique(state_class, return_index=True)[1]
     trie, tok_string = ClassTrie.fold(vocab.trie, cls_b, n_cls)
-    # Rows are first told apart over the U unique class strings (+ acceptance): far fewer columns than V.
-    row_index: dict[bytes, int] = {}
-    row_keys: list[np.ndarray] = []
+    rows = _TokenRows(vocab, tok_string, trie.n_strings)
     row_of_rep = np.zeros(len(reps), np.int64)
-    for members, stays, sub, sub_trie in _loop_groups(trans_sc, reps, trie):
-        local: dict[bytes, int] = {}  # this group's rows told apart over its leaving strings only
-        for lo in range(0, len(members), _CHUNK):
+    for g in loop_groups(trans_sc, reps, trie, vocab.max_len):
+        group = rows.group(g)
+        for lo in range(0, len(g.members), _CHUNK):
             _deadline.check()
-            chunk = members[lo:lo + _CHUNK]
-            alive = np.zeros((len(chunk), len(sub) + 1), bool)  # + acceptance, for EOS (no copy to append it)
+            chunk = g.members[lo:lo + _CHUNK]
+            alive = np.zeros((len(chunk), len(g.walk) + 1), bool)  # + acceptance, for EOS (no copy to append it)
             alive[:, -1] = auto.accept_s[reps[chunk]]
-            _walk(trans_sc, n_cls, reps[chunk], sub_trie, alive)
+            _walk(trans_sc, n_cls, reps[chunk], g.trie, alive)
             packed = np.packbits(alive, axis=1)
+            if g.run_m is not None:  # a run's bound is part of the row
+                packed = np.concatenate([packed, g.run_m[lo:lo + _CHUNK, None].astype(">u2").view(np.uint8)], 1)
             keys, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1),
                                               return_index=True, return_inverse=True)
-            ids = np.zeros(len(keys), np.int64)
-            for k, key in enumerate(keys):  # one Python step per distinct row, not per state
-                if (j := local.get(key.tobytes())) is None:
-                    bits = np.unpackbits(packed[first[k]], count=len(sub) + 1).view(bool)
-                    full = stays.copy()  # a string that never leaves the state's self-loops keeps it alive
-                    full[sub] = bits[:-1]
-                    row = np.packbits(np.append(full, bits[-1]))
-                    j = local[key.tobytes()] = row_index.setdefault(row.tobytes(), len(row_index))
-                    if j == len(row_keys):
-                        row_keys.append(row)
-                ids[k] = j
-            row_of_rep[chunk] = ids[inverse.reshape(-1)]
-    return _expand_rows(np.stack(row_keys), vocab, tok_string, trie.n_strings), row_of_rep[state_class].astype(np.int32)
+            ids = [group.row(key.tobytes(), alive[first[k]], None if g.run_m is None else g.run_m[lo + first[k]])
+                   for k, key in enumerate(keys)]  # one Python step per distinct row, not per state
+            row_of_rep[chunk] = np.asarray(ids, np.int64)[inverse.reshape(-1)]
+    return rows.stack(), row_of_rep[state_class].astype(np.int32)
 
 
-def _loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie):
-    """Representatives grouped by their self-loop classes: (members, stays [U], leaving strings, their trie).
+class _TokenRows:
+    """Packed token rows, deduplicated, built from "alive" bits over a group's class strings (+ acceptance).
 
-    A class string made only of a state's self-loop classes walks from the state back to itself, so it is alive
-    there (the automaton is trimmed: every live state can still accept); only the other strings need a walk.
-    Inside a free-text string most of the vocabulary loops, so each such state walks a few thousand strings
-    (those with a quote, backslash, ...) instead of the whole trie: the walk was ~80% of a schema's mask table.
-    Groups where most strings leave walk the shared full trie.
+    A row is built straight in token space: from the group's base (the strings that stay in the states'
+    self-loops) plus the walked strings' tokens, or, for sparse rows (most states allow a few keys or
+    punctuation), from only the alive strings' tokens; a dense gather of all V columns is the last resort.
+    Building every row as a V-column gather cost ~1 ms per row, most of a small schema's compile.
     """
-    loops_rc = trans_sc[reps] == reps[:, None]
-    loops_rc[reps == DEAD] = False  # the dead state loops on everything but is alive nowhere
-    group = row_ids(loops_rc.astype(np.int64))
-    everything = np.arange(trie.n_strings)
-    for g in range(int(group.max()) + 1 if len(group) else 0):
-        members = np.nonzero(group == g)[0]
-        stays = trie.strings_within(loops_rc[members[0]])
-        sub = np.nonzero(~stays)[0]
-        if len(sub) > trie.n_strings // 2:
-            yield members, np.zeros(trie.n_strings, bool), everything, trie
-        else:
-            yield members, stays, sub, trie.restricted(sub)
+
+    def __init__(self, vocab: Vocabulary, tok_string: np.ndarray, n_strings: int):
+        self.size, self.eos = vocab.size, np.asarray(vocab.eos_ids, np.int64)
+        self.text_ids = np.nonzero(vocab.kind_v == 0)[0]
+        self.tok_string = tok_string.reshape(-1)
+        order = np.argsort(self.tok_string)  # the tokens of each string, contiguous
+        self.tokens_by_string = self.text_ids[order]
+        self.string_start = np.searchsorted(self.tok_string[order], np.arange(n_strings + 1))
+        self.n_strings = n_strings
+        self.index: dict[bytes, int] = {}
+        self.packed: list[np.ndarray] = []
+
+    def group(self, g: Group) -> _GroupRows:
+        """Row builder for a group: its base (``g.stays``), walked strings and run strings, in token space."""
+        position = np.full(self.n_strings, -1, np.int64)
+        position[g.walk] = np.arange(len(g.walk))
+        pos = position[self.tok_string]
+        walked = pos >= 0
+        base = np.zeros(self.size, bool)
+        base[self.text_ids[~walked]] = g.stays[self.tok_string[~walked]]
+        run = None
+        if g.run_length is not None:
+            length = g.run_length[self.tok_string]
+            run = (self.text_ids[length >= 0], length[length >= 0])
+        return _GroupRows(self, base, g.walk, self.text_ids[walked], pos[walked], run)
+
+    def add(self, row_v: np.ndarray) -> int:
+        """The id of a bool [V] row, appended if new."""
+        packed = pack_bits(row_v[None])[0]
+        j = self.index.setdefault(packed.tobytes(), len(self.packed))
+        if j == len(self.packed):
+            self.packed.append(packed)
+        return j
+
+    def tokens_of(self, strings: np.ndarray) -> np.ndarray:
+        """The token ids of the given strings."""
+        lo, hi = self.string_start[strings], self.string_start[strings + 1]
+        count = hi - lo
+        offset = np.cumsum(count) - count
+        return self.tokens_by_string[np.repeat(lo - offset, count) + np.arange(int(count.sum()))]
+
+    def stack(self) -> np.ndarray:
+        return np.stack(self.packed)
 
 
-def _expand_rows(keys_rk: np.ndarray, vocab: Vocabulary, tok_string: np.ndarray, n_strings: int) -> np.ndarray:
-    """Packed rows over class strings (+ acceptance) → packed rows over the V token ids."""
-    alive_rk = np.unpackbits(keys_rk, axis=1, count=n_strings + 1)
-    alive_rk = np.concatenate([alive_rk, np.zeros((len(alive_rk), 1), np.uint8)], axis=1)  # never: specials
-    column_v = np.full(vocab.size, n_strings + 1, np.int64)  # each token's column of alive_rk
-    column_v[vocab.kind_v == 0] = tok_string.reshape(-1)
-    column_v[vocab.kind_v == 1] = n_strings  # EOS: acceptance
-    # np.take, not fancy indexing along axis 1: ~10x faster for [rows, 262,144] gathers.
-    return np.concatenate([pack_bits(np.take(alive_rk[lo:lo + _CHUNK], column_v, axis=1).view(bool))
-                           for lo in range(0, len(alive_rk), _CHUNK)])
+class _GroupRows:
+    """One loop group's rows: a memo from walked bits to row ids, and the group's token base."""
+
+    def __init__(self, rows: _TokenRows, base: np.ndarray, sub: np.ndarray, sub_tok: np.ndarray,
+                 sub_pos: np.ndarray, run: tuple[np.ndarray, np.ndarray] | None):
+        self.rows, self.base, self.sub, self.sub_tok, self.sub_pos = rows, base, sub, sub_tok, sub_pos
+        self.run = run  # (token ids, lengths) of the run strings' tokens
+        self.empty_base = not base.any()
+        self.memo: dict[bytes, int] = {}
+
+    def row(self, key: bytes, bits: np.ndarray, run_m: int | None = None) -> int:
+        """The row id for ``bits`` (bool [len(sub) + 1], the last one acceptance) and a run member's bound;
+        ``key`` identifies both."""
+        j = self.memo.get(key)
+        if j is None:
+            alive = np.nonzero(bits[:-1])[0]
+            if self.empty_base and len(alive) * 8 < len(self.sub_tok):  # sparse: only the alive strings' tokens
+                row_v = np.zeros(self.rows.size, bool)
+                row_v[self.rows.tokens_of(self.sub[alive])] = True
+            else:
+                row_v = self.base.copy()
+                row_v[self.sub_tok] = bits[self.sub_pos]
+            if self.run is not None:
+                row_v[self.run[0]] = self.run[1] <= run_m
+            row_v[self.rows.eos] = bits[-1]
+            j = self.memo[key] = self.rows.add(row_v)
+        return j
 
 
 def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np.ndarray:

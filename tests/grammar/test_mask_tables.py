@@ -22,8 +22,11 @@ GRAMMARS = {
     "generic json": json_schema_to_lark({"type": "array", "items": {}}),
     "keys and digits": 'start: "{" PAIR ("," PAIR)* "}"\nPAIR: /"[a-z ]*":[0-9]+/\n',
     "whitespace": 'start: "x" /[ \\t]+/ "y" | "x"\n',
+    "bounded strings": json_schema_to_lark({"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 2, "maxLength": 9}, "t": {"type": "string", "maxLength": 3}}}),
+    "hex runs": 'start: /[0-9a-f]{6}-[0-9a-f]{3}/ | "x"\n',
 }
-ALPHABET = b'{}[]",:abxy 0123456789\\\t-.e'
+ALPHABET = b'{}[]",:abcdfxy 0123456789\\\t-.e'
 
 
 def _vocab(rng: random.Random, extra: bytes = b"") -> list[bytes]:

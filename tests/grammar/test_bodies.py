@@ -1,0 +1,86 @@
+"""Local bodies and bounded runs (`grammar._bodies`): the strings mask tables settle without a walk.
+
+`test_mask_tables.py` checks whole tables against a brute-force walk; these tests check that the shortcuts are
+taken where they should be (a JSON string's body with its UTF-8 and escape helpers, a ``maxLength`` chain), and
+that what they settle agrees with walking the automaton byte by byte.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specjax.grammar._bodies import local_body, loop_groups, run_chain, strings_in_body
+from specjax.grammar._dfa import byte_classes
+from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
+from specjax.grammar.automaton import DEAD, build_automaton
+from specjax.grammar.frontend import load_lark
+from specjax.grammar.json_schema import json_schema_to_lark
+
+PIECES = [b"ab", b"a", b"\"", b"\",", "é".encode(), "日本".encode(), b"\\n", b"\\u00e9x", b"\xc3", b"\xa9",
+          b"abcdefghijk", b"\"}", b"x\"", b"\\q", "é\"".encode()]
+
+
+def _setup(schema):
+    auto = build_automaton(load_lark(json_schema_to_lark(schema)), 3, 100_000)
+    cls_b, n_cls = byte_classes(auto.trans_sb)
+    trans_sc = auto.trans_sb[:, np.unique(cls_b, return_index=True)[1]]
+    lengths = np.array([len(p) for p in PIECES])
+    bytes_tl = np.zeros((len(PIECES), lengths.max()), np.uint8)
+    for i, p in enumerate(PIECES):
+        bytes_tl[i, :len(p)] = list(p)
+    trie, tok_string = ClassTrie.fold(ByteTrie(bytes_tl, lengths), cls_b, n_cls)
+    return auto, trans_sc, trie, tok_string.reshape(-1)
+
+
+def _alive(trans_sb, state, piece):
+    for b in piece:
+        state = trans_sb[state, b]
+    return state != DEAD
+
+
+def _state_after(auto, text: bytes) -> int:
+    s = 1  # INITIAL
+    for b in text:
+        s = auto.trans_sb[s, b]
+    assert s != DEAD
+    return s
+
+
+def test_a_json_string_body_holds_utf8_and_escapes_and_they_stay_alive():
+    auto, trans_sc, trie, tok_string = _setup({"type": "object", "properties": {"a": {"type": "string"}}})
+    inside = _state_after(auto, b'{"a":"')
+    table = local_body(trans_sc, inside)
+    assert len(table) > 1, "no helper states: UTF-8 characters and escapes would be walked from every state"
+    stays = strings_in_body(table, trie)
+    for i, piece in enumerate(PIECES):
+        settled, alive = bool(stays[tok_string[i]]), _alive(auto.trans_sb, inside, piece)
+        assert not settled or alive, piece  # settled strings are alive
+        if b'"' not in piece:
+            assert settled == alive, piece  # and every live piece that stays in the string is settled
+    assert stays[tok_string[PIECES.index("日本".encode())]] and stays[tok_string[PIECES.index(b"\\n")]]
+    assert not stays[tok_string[PIECES.index(b"\\q")]] and not stays[tok_string[PIECES.index(b'"')]]
+
+
+def test_a_max_length_chain_is_one_run_with_its_remaining_length():
+    auto, trans_sc, trie, tok_string = _setup({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 5}}})
+    first = _state_after(auto, b'{"a":"')
+    assert (trans_sc[first] == first).sum() == 0  # no self-loops: the body shortcut does not apply
+    run, m = run_chain(trans_sc, first, horizon=48)
+    assert m == 5
+    assert run_chain(trans_sc, _state_after(auto, b'{"a":"xy'), horizon=48)[1] == 3
+    for piece in (b"ab", b"a", b"abcdefghijk"):  # run strings: alive iff no longer than the run
+        assert _alive(auto.trans_sb, first, piece) == (len(piece) <= m)
+
+
+def test_groups_cover_every_representative_once():
+    auto, trans_sc, trie, _ = _setup({"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 5}, "b": {"type": "string"}, "c": {"type": "integer"}}})
+    reps = np.arange(len(trans_sc))
+    groups = list(loop_groups(trans_sc, reps, trie, horizon=48))
+    members = np.sort(np.concatenate([g.members for g in groups]))
+    assert (members == reps).all()
+    for g in groups:  # what a group settles and what it walks never overlap
+        assert not g.stays[g.walk].any()
+        if g.run_length is not None:
+            assert (g.run_length[g.walk] == -1).all()

@@ -22,6 +22,9 @@ from specjax.grammar.automaton import DEAD
 __all__ = ["Group", "local_body", "loop_groups", "run_chain", "strings_in_body"]
 
 _EXCURSION = 6  # helper states at most this many bytes from the state: a \uXXXX escape is 6 bytes
+# A run group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it pays
+# when its members' run strings (each at least one live pair from each member) add up to more than that.
+_MIN_SETTLED = 1 << 18
 
 
 def local_body(trans_sc: np.ndarray, state: int, succ: dict[int, set[int]] | None = None) -> np.ndarray:
@@ -164,7 +167,7 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
     run_groups = []
     for run, members, ms in runs.values():
         inside = trie.strings_within(run)
-        if inside.sum() * 4 < trie.n_strings:  # few strings to spare a walk: not worth a group of its own
+        if inside.sum() * len(members) < _MIN_SETTLED:  # spares less walking than its own sub-trie costs
             groups.setdefault(_key(np.full((1, trans_sc.shape[1]), -1, np.int32)), []).extend(members)
             continue
         sub = np.nonzero(~inside)[0]

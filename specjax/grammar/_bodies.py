@@ -140,7 +140,7 @@ class Group:
 
 
 def _key(table: np.ndarray) -> bytes:
-    return table.tobytes() + bytes([len(table)])
+    return table.tobytes()  # every table has the grammar's class count as its width: the bytes fix its shape
 
 
 def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon: int):

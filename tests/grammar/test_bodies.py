@@ -84,3 +84,23 @@ def test_groups_cover_every_representative_once():
         assert not g.stays[g.walk].any()
         if g.run_length is not None:
             assert (g.run_length[g.walk] == -1).all()
+
+
+def test_a_body_of_more_than_255_states_is_grouped():
+    # State 1 loops on class 0; each other class leads to its own helper state, which comes back on class 0.
+    n_cls = 256
+    trans = np.zeros((2 + n_cls - 1, n_cls), np.int64)  # DEAD = 0 everywhere else
+    trans[1, 0] = 1
+    trans[1, 1:] = np.arange(2, 2 + n_cls - 1)
+    trans[2:, 0] = 1
+    pieces = [bytes([0]), bytes([5, 0]), bytes([5, 5])]
+    lengths = np.array([len(p) for p in pieces])
+    bytes_tl = np.zeros((len(pieces), 2), np.uint8)
+    for i, p in enumerate(pieces):
+        bytes_tl[i, :len(p)] = list(p)
+    trie, tok_string = ClassTrie.fold(ByteTrie(bytes_tl, lengths), np.arange(256, dtype=np.int32), n_cls)
+    assert len(local_body(trans, 1)) == n_cls  # the state and its 255 helpers
+    groups = list(loop_groups(trans, np.arange(len(trans)), trie, horizon=2))
+    body = next(g for g in groups if 1 in g.members)
+    settled = {pieces[i]: bool(body.stays[tok_string[i]]) for i in range(len(pieces))}
+    assert settled == {bytes([0]): True, bytes([5, 0]): True, bytes([5, 5]): False}  # a helper dies on class 5

@@ -72,21 +72,11 @@ def strings_in_body(table: np.ndarray, trie: ClassTrie) -> np.ndarray:
     """bool [n_strings]: the strings whose walk from body state 0 never leaves the body."""
     if len(table) == 1:  # self-loops only: one vectorised pass
         return trie.strings_within(table[0] == 0)
-    out = np.zeros(trie.n_strings, bool)
-    node = np.zeros(1, np.int64)  # live (trie node, body state) pairs, level by level
-    cur = np.zeros(1, np.int64)
-    for symbol, child_start, end_string in zip(trie.symbol, trie.child_start, trie.end_string, strict=True):
-        count = child_start[node + 1] - child_start[node]
-        offset = np.cumsum(count) - count
-        child = np.repeat(child_start[node] - offset, count) + np.arange(int(count.sum()))
-        cur = table[np.repeat(cur, count), symbol[child]].astype(np.int64)
-        keep = cur >= 0
-        node, cur = child[keep], cur[keep]
-        ends = end_string[node]
-        out[ends[ends >= 0]] = True
-        if len(node) == 0:
-            break
-    return out
+    # The trie's walk with body state i as state i + 1 and leaving the body as its dead state 0.
+    trans = np.concatenate([np.zeros((1, table.shape[1]), np.int64), table.astype(np.int64) + 1])
+    alive = np.zeros((1, trie.n_strings), bool)
+    trie.walk(trans, np.ones(1, np.int64), alive)
+    return alive[0]
 
 
 def run_chain(trans_sc: np.ndarray, state: int, horizon: int) -> tuple[np.ndarray, int] | None:
@@ -149,26 +139,26 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
     Only the strings a group cannot settle without a walk are walked per member; groups where most strings
     need a walk walk the shared full trie.
     """
+    nothing = np.full((1, trans_sc.shape[1]), -1, np.int32)  # the body of a state without self-loops
     groups: dict[bytes, list[int]] = {}
-    tables: dict[bytes, np.ndarray] = {}
+    tables: dict[bytes, np.ndarray] = {_key(nothing): nothing}
     runs: dict[bytes, tuple[np.ndarray, list[int], list[int]]] = {}
     succ: dict[int, set[int]] = {}
     for i, s in enumerate(reps.tolist()):
         table = local_body(trans_sc, s, succ)
-        key = _key(table)
         if len(table) == 1 and not (table >= 0).any() and (chain := run_chain(trans_sc, s, horizon)) is not None:
             entry = runs.setdefault(chain[0].tobytes(), (chain[0], [], []))
             entry[1].append(i)
             entry[2].append(chain[1])
         else:
-            groups.setdefault(key, []).append(i)
-        tables.setdefault(key, table)
+            groups.setdefault(_key(table), []).append(i)
+            tables.setdefault(_key(table), table)
     lengths = trie.lengths() if runs else None
     run_groups = []
     for run, members, ms in runs.values():
         inside = trie.strings_within(run)
         if inside.sum() * len(members) < _MIN_SETTLED:  # spares less walking than its own sub-trie costs
-            groups.setdefault(_key(np.full((1, trans_sc.shape[1]), -1, np.int32)), []).extend(members)
+            groups.setdefault(_key(nothing), []).extend(members)
             continue
         sub = np.nonzero(~inside)[0]
         run_groups.append(Group(np.asarray(members), np.zeros(trie.n_strings, bool), sub, trie.restricted(sub),

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ByteTrie", "ClassTrie"]
+from specjax.grammar import _deadline
+
+__all__ = ["ByteTrie", "ClassTrie", "ranges"]
+
+
+def ranges(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges ``start[i] : start[i] + count[i]`` (int64), without a Python loop."""
+    offset = np.cumsum(count) - count
+    return np.repeat(start - offset, count) + np.arange(int(count.sum()))
 
 
 def _sorted_levels(key: np.ndarray, base: int, n_above: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -117,6 +125,32 @@ class ClassTrie:
             end_string.append(ends[k][keep])
             index_above, n_above = np.cumsum(keep) - 1, int(keep.sum())
         return ClassTrie(symbol, parent, child_start, end_string, len(strings))
+
+    def walk(self, trans_sc: np.ndarray, states: np.ndarray, alive: np.ndarray) -> None:
+        """Sets ``alive[i, j]`` (bool [len(states), ≥ n_strings], zeros) iff string j walked from ``states[i]``
+        never reaches state 0, the dead state; ``trans_sc`` [S, classes] is the next state per class.
+
+        Only live (start state, trie node) pairs are carried from level to level: from most states most tokens
+        die on their first byte or two, so this is a small fraction of the dense [states, trie nodes] walk.
+        """
+        n_cls = trans_sc.shape[1]
+        flat = trans_sc.reshape(-1)
+        row = np.arange(len(states))  # live pairs: start state (index into states), trie node, current state
+        node = np.zeros(len(states), np.int64)
+        cur = states.astype(np.int64)
+        for symbol, child_start, end_string in zip(self.symbol, self.child_start, self.end_string, strict=True):
+            _deadline.check()
+            count = child_start[node + 1] - child_start[node]
+            child = ranges(child_start[node], count)
+            row, cur = np.repeat(row, count), np.repeat(cur, count)
+            cur = flat[cur * n_cls + symbol[child]].astype(np.int64)
+            keep = cur != 0
+            row, node, cur = row[keep], child[keep], cur[keep]
+            ends = end_string[node]
+            hit = ends >= 0
+            alive[row[hit], ends[hit]] = True
+            if len(row) == 0:
+                break
 
     def lengths(self) -> np.ndarray:
         """int64 [n_strings]: each string's length in classes."""

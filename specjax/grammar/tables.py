@@ -26,7 +26,7 @@ import numpy as np
 from specjax.grammar import _deadline
 from specjax.grammar._bodies import Group, loop_groups
 from specjax.grammar._dfa import byte_classes, row_ids
-from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
+from specjax.grammar._vocab_trie import ByteTrie, ClassTrie, ranges
 from specjax.grammar.automaton import DEAD, ByteAutomaton
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
@@ -96,7 +96,7 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
             chunk = g.members[lo:lo + _CHUNK]
             alive = np.zeros((len(chunk), len(g.walk) + 1), bool)  # + acceptance, for EOS (no copy to append it)
             alive[:, -1] = auto.accept_s[reps[chunk]]
-            _walk(trans_sc, n_cls, reps[chunk], g.trie, alive)
+            g.trie.walk(trans_sc, reps[chunk], alive)
             packed = np.packbits(alive, axis=1)
             if g.run_m is not None:  # a run's bound is part of the row
                 packed = np.concatenate([packed, g.run_m[lo:lo + _CHUNK, None].astype(">u2").view(np.uint8)], 1)
@@ -152,10 +152,8 @@ class _TokenRows:
 
     def tokens_of(self, strings: np.ndarray) -> np.ndarray:
         """The token ids of the given strings."""
-        lo, hi = self.string_start[strings], self.string_start[strings + 1]
-        count = hi - lo
-        offset = np.cumsum(count) - count
-        return self.tokens_by_string[np.repeat(lo - offset, count) + np.arange(int(count.sum()))]
+        lo = self.string_start[strings]
+        return self.tokens_by_string[ranges(lo, self.string_start[strings + 1] - lo)]
 
     def stack(self) -> np.ndarray:
         return np.stack(self.packed)
@@ -203,28 +201,3 @@ def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np
         count = new
     return row_ids(np.stack([part, accept.astype(np.int64)], axis=1))
 
-
-def _walk(trans_sc: np.ndarray, n_cls: int, states: np.ndarray, trie: ClassTrie, alive: np.ndarray) -> None:
-    """Sets ``alive[i, j]`` (bool [len(states), ≥ n_strings], zeros) iff string j from ``states[i]`` stays alive.
-
-    Only live (start state, trie node) pairs are carried from level to level: from most states most tokens
-    die on their first byte or two, so this is a small fraction of the dense [states, trie nodes] walk.
-    """
-    flat = trans_sc.reshape(-1)
-    row = np.arange(len(states))  # live pairs: start state (index into states), trie node, current state
-    node = np.zeros(len(states), np.int64)
-    cur = states.astype(np.int64)
-    for symbol, child_start, end_string in zip(trie.symbol, trie.child_start, trie.end_string, strict=True):
-        _deadline.check()
-        first, count = child_start[node], child_start[node + 1] - child_start[node]
-        offset = np.cumsum(count) - count
-        child = np.repeat(first - offset, count) + np.arange(int(offset[-1] + count[-1]) if len(count) else 0)
-        row, cur = np.repeat(row, count), np.repeat(cur, count)
-        cur = flat[cur * n_cls + symbol[child]].astype(np.int64)
-        keep = cur != DEAD
-        row, node, cur = row[keep], child[keep], cur[keep]
-        ends = end_string[node]
-        hit = ends >= 0
-        alive[row[hit], ends[hit]] = True
-        if len(row) == 0:
-            break

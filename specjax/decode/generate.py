@@ -239,7 +239,7 @@ class Generator:
     def _take_cache(self, batch: int, slots: int):
         c = self._cache
         self._cache = None
-        if c is None or c.k[0].shape[:2] != (batch, slots):
+        if c is None or (c.batch, c.num_slots) != (batch, slots):
             c = self.model.init_cache(batch, slots)
         return c
 

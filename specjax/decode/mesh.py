@@ -71,13 +71,16 @@ class MeshPlan:
         """A copy of `tree` on every device (drafter weights, tables shared by all rows)."""
         return sh.shard_state(tree, self._replicated)
 
-    def cache_sharding(self, cache: KVCache):
-        """The rules' cache sharding; a cache whose kv heads 'model' does not divide (a drafter's
-        own cache, say: the target's was checked with its k/v weights) keeps only the batch split."""
+    def cache_sharding(self, cache: KVCache) -> KVCache:
+        """The rules' cache shardings (a KVCache of them: keys and values are laid out differently); a
+        cache whose kv heads 'model' does not divide (a drafter's own cache, say: the target's was
+        checked with its k/v weights) keeps only the batch split."""
         try:
-            return sh.cache_sharding(self.mesh, self.rules, shape=tuple(cache.k[0].shape))
+            keys = sh.cache_sharding(self.mesh, self.rules, shape=tuple(cache.k[0].shape))
+            values = sh.cache_sharding(self.mesh, self.rules, shape=tuple(cache.v[0].shape), values=True)
         except sh.ShardingError:
-            return self._batch
+            keys = values = self._batch
+        return KVCache(k=tuple(keys for _ in cache.k), v=tuple(values for _ in cache.v))
 
     def place_cache(self, cache: KVCache) -> KVCache:
         """The KV cache with the rules' cache sharding."""
@@ -96,7 +99,7 @@ class MeshPlan:
 
         def one(x):
             if isinstance(x, KVCache):
-                return jax.tree.map(lambda _: self.cache_sharding(x), x)
+                return self.cache_sharding(x)
             is_row = len(x.shape) >= 1 and x.shape[0] == rows
             return self._batch if is_row else self._replicated
 
@@ -108,7 +111,7 @@ class MeshPlan:
 
         The batch size (rows) is read from the KV cache argument.
         """
-        rows = next(a.k[0].shape[0] for a in args if isinstance(a, KVCache))
+        rows = next(a.batch for a in args if isinstance(a, KVCache))
         static = {"profile": profile_for(), **static}
         fun = functools.partial(program.__wrapped__, graphdef, **static)
         out = jax.eval_shape(fun, *args)

@@ -78,8 +78,10 @@ PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(^|\.)(embed|head)", ("vocab", "embed")),
 )
 
-# Axes of one KV-cache array [batch, slots, kv_heads, head_dim] and of activations [batch, ...].
+# Axes of one KV-cache keys array [batch, slots, kv_heads, head_dim], of one values array (stored
+# transposed, kv_cache.KVCache) and of activations [batch, ...].
 CACHE_AXES = ("batch", "cache_slots", "kv_heads", "head_dim")
+TRANSPOSED_CACHE_AXES = ("batch", "kv_heads", "head_dim", "cache_slots")
 BATCH_AXES = ("batch",)
 
 
@@ -272,16 +274,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def cache_sharding(mesh: Mesh, rules=LOGICAL_RULES, *, kv_heads: int | None = None,
-                   shape: tuple[int, ...] | None = None) -> NamedSharding:
-    """Sharding of one KV-cache array [batch, slots, kv_heads, head_dim].
+                   shape: tuple[int, ...] | None = None, values: bool = False) -> NamedSharding:
+    """Sharding of one KV-cache keys array [batch, slots, kv_heads, head_dim], or with `values` of one
+    values array [batch, kv_heads, head_dim, slots].
 
     With `shape` (and `kv_heads`), checks that the splits divide (`ShardingError` otherwise).
     """
     sizes = dict(mesh.shape)
+    axes = TRANSPOSED_CACHE_AXES if values else CACHE_AXES
     if shape is None:
-        return NamedSharding(mesh, PartitionSpec(*(dict(rules).get(a) for a in CACHE_AXES)))
+        return NamedSharding(mesh, PartitionSpec(*(dict(rules).get(a) for a in axes)))
     units = None if kv_heads is None else {"kv_heads": kv_heads}
-    return NamedSharding(mesh, spec_for("KV cache", shape, CACHE_AXES, rules, sizes, units))
+    return NamedSharding(mesh, spec_for("KV cache", shape, axes, rules, sizes, units))
 
 
 def to_host(tree):

@@ -8,7 +8,14 @@ from flax import nnx
 
 from specjax.models.backend_profile import profile_for
 from specjax.models.config import ConfigError, ModelConfig
-from specjax.models.kv_cache import KVCache, attention_masks, causal_block_mask, write_block
+from specjax.models.kv_cache import (
+    KVCache,
+    attention_masks,
+    causal_block_mask,
+    transposed,
+    write_block,
+    write_transposed,
+)
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope, top_k
 from specjax.models.quant import BlockQuant
 
@@ -43,17 +50,17 @@ class Attention(nnx.Module):
         q_btnh = apply_rope(q_btnh, positions_bt, self.rope_base, self.rope_scale)
         k_btkh = apply_rope(k_btkh, positions_bt, self.rope_base, self.rope_scale)
         if kv is None:
-            k_bskh, v_bskh = k_btkh, v_btkh
+            k_bskh, v_bkhs = k_btkh, transposed(v_btkh)
         else:
-            k_bskh, v_bskh = write_block(kv[0], k_btkh, start_b), write_block(kv[1], v_btkh, start_b)
+            k_bskh, v_bkhs = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
         q_btkgh = (q_btnh * self.q_scale).reshape(b, t, self.kv, self.n // self.kv, self.h)
         scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(q_btkgh.dtype),
                             preferred_element_type=jnp.float32)
         scores = jnp.where(mask_bts[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_bkhs.dtype)
+        out_btkgh = jnp.einsum("bkgts,bkhs->btkgh", probs, v_bkhs)
         y_btd = self.o(out_btkgh.reshape(b, t, self.n * self.h).astype(x_btd.dtype))
-        return y_btd, (None if kv is None else (k_bskh, v_bskh))
+        return y_btd, (None if kv is None else (k_bskh, v_bkhs))
 
 
 class Block(nnx.Module):

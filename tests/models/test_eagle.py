@@ -73,6 +73,7 @@ def test_eval_shape_on_gemma3_270m():
     out, new_cache = jax.eval_shape(lambda h, c, *a: h(*a, cache=c, start_b=jnp.zeros((2,), jnp.int32)),
                                     head, cache, *args)
     assert out.shape == (2, 5, 640) and new_cache.k[0].shape == (2, 64, 1, 256)
+    assert new_cache.v[0].shape == (2, 1, 256, 64)  # values are stored transposed
 
 
 def test_shape_mismatch_message(head):

@@ -94,6 +94,7 @@ def test_rule_and_mesh_errors():
     mesh = sh.make_mesh(1, 1)
     assert mesh.axis_names == ("data", "model") and mesh.shape == {"data": 1, "model": 1}
     assert sh.cache_sharding(mesh).spec == P("data", None, "model", None)
+    assert sh.cache_sharding(mesh, values=True).spec == P("data", "model", None, None)
     assert sh.batch_sharding(mesh).spec == P("data")
 
 

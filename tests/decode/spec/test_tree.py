@@ -128,22 +128,27 @@ def test_confident_length():
     assert jax.jit(confident_length)(conf, 0.0).tolist() == [4, 4, 4, 4]  # traced threshold
 
 
+def _slot_major(cache: KVCache) -> list[np.ndarray]:
+    """Every layer's keys and values as [B, slots, kv_heads, head_dim] (values are stored transposed)."""
+    return [np.asarray(c) for c in cache.k] + [np.moveaxis(np.asarray(c), -1, 1) for c in cache.v]
+
+
 def test_move_slots_matches_the_oracle():
     rng = np.random.default_rng(1)
     b, s, layers = 3, 12, 2
     cache = KVCache(k=tuple(jnp.asarray(rng.normal(size=(b, s, 2, 4)), jnp.float32) for _ in range(layers)),
-                    v=tuple(jnp.asarray(rng.normal(size=(b, s, 2, 4)), jnp.float32) for _ in range(layers)))
+                    v=tuple(jnp.asarray(rng.normal(size=(b, 2, 4, s)), jnp.float32) for _ in range(layers)))
     # Row 0: a path compaction with overlap (slot 5 <- 7 while 7 <- 9); row 1: nothing; row 2: one drop.
     src = np.array([[4, 7, 9], [0, 0, 0], [3, 10, 11]], np.int32)
     dst = np.array([[4, 5, 7], [s, s, s], [2, s, 3]], np.int32)
     out = move_slots(cache, jnp.asarray(src), jnp.asarray(dst))
-    for before, after in zip(cache.k + cache.v, out.k + out.v, strict=True):
-        want = np.asarray(before).copy()
+    for before, after in zip(_slot_major(cache), _slot_major(out), strict=True):
+        want = before.copy()
         for r in range(b):
-            moved = {int(d): np.asarray(before)[r, sl] for sl, d in zip(src[r], dst[r], strict=True) if d < s}
+            moved = {int(d): before[r, sl] for sl, d in zip(src[r], dst[r], strict=True) if d < s}
             for d, val in moved.items():  # all reads happen before the writes
                 want[r, d] = val
-        np.testing.assert_array_equal(np.asarray(after), want)
+        np.testing.assert_array_equal(after, want)
 
 
 # --------------------------------------------------------------------------- greedy tree verification
@@ -233,7 +238,7 @@ def test_tree_forward_equals_chain_forward_along_every_path(tiny_model):
         np.testing.assert_allclose(logits_tree[0, rows], logits_chain[0], rtol=1e-5, atol=1e-5)
         # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         moved = move_slots(cache_tree, jnp.asarray([[pos + 1 + i for i in path]]), pos + 1 + jnp.arange(d)[None])
-        for got, want in zip(moved.k + moved.v, cache_chain.k + cache_chain.v, strict=True):
+        for got, want in zip(_slot_major(moved), _slot_major(cache_chain), strict=True):
             np.testing.assert_allclose(got[0, :pos + 1 + d], want[0, :pos + 1 + d], rtol=1e-5, atol=1e-6)
     assert max(depth_np) == 6 and len(leaves) == 3
 

@@ -55,7 +55,8 @@ def forward_layers(model, layers, kv_k, kv_v, tokens_bt, positions_bt, start_b):
     Args:
       model: a `Transformer`.
       layers: indices of the blocks to run (static).
-      kv_k, kv_v: one cache array per listed block, [B, S, kv_heads, head_dim]; slot s holds position s.
+      kv_k, kv_v: one cache array per listed block (`KVCache` layouts: keys [B, S, kv_heads, head_dim],
+        values [B, kv_heads, head_dim, S]); slot s holds position s.
       tokens_bt, positions_bt: the block's tokens and positions; start_b: its first slot per row.
 
     Returns:

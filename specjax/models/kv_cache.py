@@ -53,14 +53,15 @@ class KVCache:
         )
 
 
-def write_block(cache_bskh: jax.Array, new_btkh: jax.Array, start_b: jax.Array) -> jax.Array:
-    """Writes each row's T new keys at slots start_b[b] … start_b[b]+T-1.
+def write_block(cache: jax.Array, new_btkh: jax.Array, start_b: jax.Array, slot_axis: int = 0) -> jax.Array:
+    """Writes each row's T new entries at slots start_b[b] … start_b[b]+T-1 (keys: slot-major).
 
-    The caller guarantees start_b + T <= slots (dynamic_update_slice would otherwise clamp
-    the offset and silently shift the write).
+    `slot_axis` is the slot axis of one row of `cache` and of `new_btkh[b]` (2 for the transposed values,
+    `write_transposed`). The caller guarantees start_b + T <= slots (dynamic_update_slice would
+    otherwise clamp the offset and silently shift the write).
     """
-    update = lambda c, x, s: lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), s, axis=0)
-    return jax.vmap(update)(cache_bskh, new_btkh, start_b)
+    update = lambda c, x, s: lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), s, axis=slot_axis)
+    return jax.vmap(update)(cache, new_btkh, start_b)
 
 
 def transposed(x_btkh: jax.Array) -> jax.Array:
@@ -70,8 +71,7 @@ def transposed(x_btkh: jax.Array) -> jax.Array:
 
 def write_transposed(cache_bkhs: jax.Array, new_btkh: jax.Array, start_b: jax.Array) -> jax.Array:
     """`write_block` for the transposed value cache: row b's T new values at slots start_b[b] … +T-1."""
-    update = lambda c, x, s: lax.dynamic_update_slice_in_dim(c, x.astype(c.dtype), s, axis=2)
-    return jax.vmap(update)(cache_bkhs, transposed(new_btkh), start_b)
+    return write_block(cache_bkhs, transposed(new_btkh), start_b, slot_axis=2)
 
 
 def causal_block_mask(t: int) -> jax.Array:

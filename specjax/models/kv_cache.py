@@ -45,6 +45,14 @@ class KVCache:
     def batch(self) -> int:
         return self.k[0].shape[0]
 
+    def slot_major(self) -> list[jax.Array]:
+        """Every layer's keys, then every layer's values, all as [batch, slots, kv_heads, head_dim].
+
+        For inspection and tests (the hot path never pays for this transpose): a cache compared slot by
+        slot against another must see its values in the keys' layout.
+        """
+        return list(self.k) + [jnp.moveaxis(c, -1, 1) for c in self.v]
+
     @classmethod
     def zeros(cls, n_layers: int, batch: int, slots: int, n_kv_heads: int, head_dim: int, dtype):
         return cls(

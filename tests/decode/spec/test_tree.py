@@ -128,11 +128,6 @@ def test_confident_length():
     assert jax.jit(confident_length)(conf, 0.0).tolist() == [4, 4, 4, 4]  # traced threshold
 
 
-def _slot_major(cache: KVCache) -> list[np.ndarray]:
-    """Every layer's keys and values as [B, slots, kv_heads, head_dim] (values are stored transposed)."""
-    return [np.asarray(c) for c in cache.k] + [np.moveaxis(np.asarray(c), -1, 1) for c in cache.v]
-
-
 def test_move_slots_matches_the_oracle():
     rng = np.random.default_rng(1)
     b, s, layers = 3, 12, 2
@@ -142,7 +137,7 @@ def test_move_slots_matches_the_oracle():
     src = np.array([[4, 7, 9], [0, 0, 0], [3, 10, 11]], np.int32)
     dst = np.array([[4, 5, 7], [s, s, s], [2, s, 3]], np.int32)
     out = move_slots(cache, jnp.asarray(src), jnp.asarray(dst))
-    for before, after in zip(_slot_major(cache), _slot_major(out), strict=True):
+    for before, after in zip(np.asarray(cache.slot_major()), np.asarray(out.slot_major()), strict=True):
         want = before.copy()
         for r in range(b):
             moved = {int(d): before[r, sl] for sl, d in zip(src[r], dst[r], strict=True) if d < s}
@@ -238,7 +233,7 @@ def test_tree_forward_equals_chain_forward_along_every_path(tiny_model):
         np.testing.assert_allclose(logits_tree[0, rows], logits_chain[0], rtol=1e-5, atol=1e-5)
         # Compact the path (src slot pos + 1 + node -> pos + 1 + depth index); slots pos… now match the chain.
         moved = move_slots(cache_tree, jnp.asarray([[pos + 1 + i for i in path]]), pos + 1 + jnp.arange(d)[None])
-        for got, want in zip(_slot_major(moved), _slot_major(cache_chain), strict=True):
+        for got, want in zip(np.asarray(moved.slot_major()), np.asarray(cache_chain.slot_major()), strict=True):
             np.testing.assert_allclose(got[0, :pos + 1 + d], want[0, :pos + 1 + d], rtol=1e-5, atol=1e-6)
     assert max(depth_np) == 6 and len(leaves) == 3
 

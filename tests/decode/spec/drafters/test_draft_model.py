@@ -132,5 +132,5 @@ def test_draft_cache_matches_a_fresh_prefill_of_the_committed_text(tiny_model, a
     for b in range(4):
         # Every committed token, the last one (at pos_b) included: `observe` wrote them all.
         n = int(pos_b[b]) + 1
-        for got, want in zip(state.draft.k + state.draft.v, fresh.k + fresh.v, strict=True):
+        for got, want in zip(state.draft.slot_major(), fresh.slot_major(), strict=True):
             np.testing.assert_allclose(np.asarray(got[b, :n]), np.asarray(want[b, :n]), atol=1e-4)

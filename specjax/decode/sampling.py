@@ -14,6 +14,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.models.reductions import argmax
+
 
 class SamplingError(ValueError):
     """Invalid sampling option."""
@@ -85,7 +87,7 @@ def sample(logits_bv: jax.Array, key: jax.Array, cfg: SamplingConfig, temperatur
     caller can change them without recompiling; greedy-ness and top_k stay static.
     """
     if cfg.greedy:
-        return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+        return argmax(logits_bv)
     t = cfg.temperature if temperature is None else temperature
     # Whether nucleus filtering runs at all is static (it costs a full vocabulary sort).
     p = 1.0 if cfg.top_p >= 1.0 else (cfg.top_p if top_p is None else top_p)

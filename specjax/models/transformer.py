@@ -18,6 +18,7 @@ from specjax.models.kv_cache import (
 )
 from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope, top_k
 from specjax.models.quant import BlockQuant
+from specjax.models.reductions import argmax
 
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
@@ -224,7 +225,7 @@ class Transformer(nnx.Module):
         b, t, d = hidden_btd.shape
         if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
             return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
-        return jnp.argmax(self.logits(hidden_btd, live), axis=-1).astype(jnp.int32)
+        return argmax(self.logits(hidden_btd, live))
 
     def top_tokens(self, hidden_btd: jax.Array, r: int) -> jax.Array:
         """The r most likely tokens of `logits(hidden_btd)`, best first (int32 [B, T, r]; [..., 0] is

@@ -22,6 +22,7 @@ from flax import nnx
 from specjax.models.draft_vocab import DraftVocab
 from specjax.models.eagle import EagleConfig, EagleHead
 from specjax.models.medusa import MedusaConfig, MedusaHeads
+from specjax.models.reductions import argmax
 from specjax.models.sharding import model_units
 from specjax.train import eagle_ttt, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
@@ -80,7 +81,7 @@ def build_medusa_task(task: TaskConfig, loss: LossConfig, target: Target, *, see
         n, _, d = h_nhd.shape
         logits = logits_nv(h_nhd.reshape(n * n_heads, d), table_vd, cap)
         ce_nh = losses.cross_entropy_n(logits, labels_nh.reshape(-1)).reshape(n, n_heads)
-        hit_nh = (jnp.argmax(logits, -1).reshape(n, n_heads) == labels_nh).astype(jnp.float32)
+        hit_nh = (argmax(logits).reshape(n, n_heads) == labels_nh).astype(jnp.float32)
         scored_nh = valid_nh * in_vocab_nh  # an out-of-vocabulary label can never be drafted
         out = {"loss": jnp.sum(ce_nh * scored_nh * weights_h), "tokens": jnp.sum(valid_nh[:, 0])}
         out.update(accuracy_sums(logits.reshape(n, n_heads, -1)[:, 0], labels_nh[:, 0], scored_nh[:, 0], loss.top_k))

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specjax.models.reductions import argmax
 from specjax.train import losses
 from specjax.train.step import LossFn
 
@@ -55,6 +56,6 @@ def next_tokens(tokens_bt: jax.Array) -> jax.Array:
 
 def accuracy_sums(logits_nv_: jax.Array, labels_n: jax.Array, mask_n: jax.Array, k: int, prefix: str = "") -> dict:
     """Sums of top-1 and top-k hits over masked rows."""
-    top1 = (jnp.argmax(logits_nv_, axis=-1) == labels_n).astype(jnp.float32)
+    top1 = (argmax(logits_nv_) == labels_n).astype(jnp.float32)
     topk = losses.rank_below_n(logits_nv_, labels_n, k)
     return {f"{prefix}acc": jnp.sum(top1 * mask_n), f"{prefix}top{k}": jnp.sum(topk * mask_n)}

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models.reductions import argmax
 from specjax.models.sharding import model_units
 from specjax.train import head_tasks, losses
 from specjax.train.chunks import logits_nv, scan_row_chunks
@@ -31,7 +32,7 @@ def build_distill_task(task: TaskConfig, loss: LossConfig, target: Target, *, se
         ls_nv = logits_nv(hs_nd, tables[0], s_cap)
         lt_nv = logits_nv(ht_nd, tables[1], t_cap)
         loss_n, kl_n, ce_n = losses.kd_n(ls_nv, lt_nv, labels_n, loss.kd_temperature, loss.kd_weight)
-        agree = (jnp.argmax(ls_nv, -1) == jnp.argmax(lt_nv, -1)).astype(jnp.float32)
+        agree = (argmax(ls_nv) == argmax(lt_nv)).astype(jnp.float32)
         return {"loss": jnp.sum(loss_n * mask_n), "kl": jnp.sum(kl_n * mask_n), "ce": jnp.sum(ce_n * mask_n),
                 "agree": jnp.sum(agree * mask_n), "tokens": jnp.sum(mask_n),
                 **accuracy_sums(ls_nv, labels_n, mask_n, loss.top_k)}

@@ -33,6 +33,7 @@ from specjax.decode.spec.verify import greedy_verify, sampling_verify, tree_gree
 from specjax.decode.stops import StopTables
 from specjax.models.kv_cache import move_slots
 from specjax.models.layers import top_k
+from specjax.models.reductions import argmax
 
 DEFAULT_EMA_WEIGHT = 0.3  # without a policy the average is still kept (for the stats), with this weight
 
@@ -191,7 +192,7 @@ def verify_target(ctx: RoundContext, hidden_btd, state_bt):
     if ctx.grammar is not None:
         logits_btv = constrain.mask_block(ctx.grammar, state_bt, logits_btv)
     top_btr = top_k(logits_btv, r)[1] if r else None
-    return (jnp.argmax(logits_btv, axis=-1).astype(jnp.int32) if ctx.sampling.greedy else logits_btv), top_btr
+    return (argmax(logits_btv) if ctx.sampling.greedy else logits_btv), top_btr
 
 
 def verify_chain(ctx: RoundContext, row: SpecRow, draft: Draft, key, state_bt):

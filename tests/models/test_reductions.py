@@ -35,7 +35,7 @@ def test_random_rows(n):
 @settings(max_examples=60, deadline=timedelta(seconds=30))  # each new shape compiles
 @given(n=st.sampled_from(SIZES[2:6]), seed=st.integers(0, 2**16),
        kind=st.sampled_from(["ties", "nan", "neg_inf", "pos_inf", "few_values", "ints"]))
-def test_special_values_resolve_like_jnp(n, seed, kind):
+def test_special_values_resolve_like_numpy(n, seed, kind):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(4, n)).astype(np.float32)
     where = rng.integers(0, n, size=(4, 3))

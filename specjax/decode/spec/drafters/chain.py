@@ -29,7 +29,7 @@ from specjax.decode.spec.drafters.base import Draft, DraftSampling
 from specjax.decode.spec.trees import confident_length
 from specjax.models.draft_vocab import DraftVocab, DraftVocabError, HeadTable
 from specjax.models.kv_cache import attention_masks, causal_block_mask
-from specjax.models.reductions import argmax
+from specjax.models.reductions import max_argmax
 
 # Salt for the draft's PRNG stream: `jax.random.fold_in(key, i)` equals `split(key)[i]` for small i,
 # and the loop splits its key in two per round, so a small constant would reuse verification's key.
@@ -89,8 +89,8 @@ def choose(logits_bn, ids_n, vocab_size: int, ctx: DraftSampling, key):
       (target ids [B], q over the full vocabulary [B, V] or None when greedy, top draft probability [B]).
     """
     if ctx.sampling.greedy:
-        idx_b = argmax(logits_bn)
-        conf_b = 1.0 / jnp.sum(jnp.exp(logits_bn - jnp.max(logits_bn, axis=-1, keepdims=True)), axis=-1)
+        max_b, idx_b = max_argmax(logits_bn)
+        conf_b = 1.0 / jnp.sum(jnp.exp(logits_bn - max_b[:, None]), axis=-1)
         q_bv = None
     else:
         n = logits_bn.shape[-1]

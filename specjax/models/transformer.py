@@ -20,6 +20,7 @@ from specjax.models.layers import GatedMLP, Linear, RMSNorm, _init, apply_rope, 
 from specjax.models.quant import BlockQuant
 from specjax.models.reductions import argmax
 
+SPLIT_MAX_T = 64  # decode steps and verification blocks; a prefill block keeps one attention
 _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) weights, not NaN
 
 
@@ -50,18 +51,52 @@ class Attention(nnx.Module):
             q_btnh, k_btkh = self.q_norm(q_btnh), self.k_norm(k_btkh)
         q_btnh = apply_rope(q_btnh, positions_bt, self.rope_base, self.rope_scale)
         k_btkh = apply_rope(k_btkh, positions_bt, self.rope_base, self.rope_scale)
-        if kv is None:
-            k_bskh, v_bkhs = k_btkh, transposed(v_btkh)
-        else:
-            k_bskh, v_bkhs = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
         q_btkgh = (q_btnh * self.q_scale).reshape(b, t, self.kv, self.n // self.kv, self.h)
-        scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(q_btkgh.dtype),
-                            preferred_element_type=jnp.float32)
-        scores = jnp.where(mask_bts[:, None, None], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_bkhs.dtype)
-        out_btkgh = jnp.einsum("bkgts,bkhs->btkgh", probs, v_bkhs)
+        if kv is not None and t <= SPLIT_MAX_T:
+            out_btkgh = _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b)
+            new_kv = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
+        else:
+            if kv is None:
+                k_bskh, v_bkhs = k_btkh, transposed(v_btkh)
+            else:
+                k_bskh, v_bkhs = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
+            out_btkgh = _attend(q_btkgh, k_bskh, v_bkhs, mask_bts)
+            new_kv = None if kv is None else (k_bskh, v_bkhs)
         y_btd = self.o(out_btkgh.reshape(b, t, self.n * self.h).astype(x_btd.dtype))
-        return y_btd, (None if kv is None else (k_bskh, v_bkhs))
+        return y_btd, new_kv
+
+
+def _scores(q_btkgh, k_bskh, mask_bts):
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(q_btkgh.dtype), preferred_element_type=jnp.float32)
+    return jnp.where(mask_bts[:, None, None], scores, _NEG_INF)
+
+
+def _attend(q_btkgh, k_bskh, v_bkhs, mask_bts):
+    """Softmax attention of the queries over keys / values [B, S, ...] / [B, kv, h, S] (S: slots)."""
+    probs = jax.nn.softmax(_scores(q_btkgh, k_bskh, mask_bts), axis=-1).astype(v_bkhs.dtype)
+    return jnp.einsum("bkgts,bkhs->btkgh", probs, v_bkhs)
+
+
+def _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b):
+    """Attention over the committed cache (read before this block's write) and the block itself.
+
+    The same visibility as attending to the cache after the write (`attention_masks`: committed slots
+    s < start_b, and block slots as the block mask allows), one softmax over both parts. Reading the
+    cache before the write is what lets XLA:CPU update it in place: attending to the written cache
+    made it compute the write twice (in place for the loop carry, into a copy for the attention) and
+    copy every layer's keys and values each step.
+    """
+    b, t = k_btkh.shape[:2]
+    slots = kv[0].shape[1]
+    committed_bts = mask_bts & (jnp.arange(slots)[None, :] < start_b[:, None])[:, None, :]
+    block_slots_bt = start_b[:, None] + jnp.arange(t)[None, :]
+    block_mask_btt = jnp.take_along_axis(mask_bts, jnp.broadcast_to(block_slots_bt[:, None, :], (b, t, t)), axis=2)
+    scores = jnp.concatenate([_scores(q_btkgh, kv[0], committed_bts), _scores(q_btkgh, k_btkh, block_mask_btt)],
+                             axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1)
+    p_cache, p_block = probs[..., :slots].astype(kv[1].dtype), probs[..., slots:].astype(v_btkh.dtype)
+    return (jnp.einsum("bkgts,bkhs->btkgh", p_cache, kv[1])
+            + jnp.einsum("bkgtj,bjkh->btkgh", p_block, v_btkh).astype(kv[1].dtype))
 
 
 class Block(nnx.Module):

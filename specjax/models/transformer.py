@@ -52,16 +52,15 @@ class Attention(nnx.Module):
         q_btnh = apply_rope(q_btnh, positions_bt, self.rope_base, self.rope_scale)
         k_btkh = apply_rope(k_btkh, positions_bt, self.rope_base, self.rope_scale)
         q_btkgh = (q_btnh * self.q_scale).reshape(b, t, self.kv, self.n // self.kv, self.h)
-        if kv is not None and t <= SPLIT_MAX_T:
-            out_btkgh = _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b)
-            new_kv = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
+        if kv is None:
+            new_kv = None
+            out_btkgh = _attend(q_btkgh, k_btkh, transposed(v_btkh), mask_bts)
         else:
-            if kv is None:
-                k_bskh, v_bkhs = k_btkh, transposed(v_btkh)
+            new_kv = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
+            if t <= SPLIT_MAX_T:  # reads the cache as it was before the write above (see _split_attention)
+                out_btkgh = _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b)
             else:
-                k_bskh, v_bkhs = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
-            out_btkgh = _attend(q_btkgh, k_bskh, v_bkhs, mask_bts)
-            new_kv = None if kv is None else (k_bskh, v_bkhs)
+                out_btkgh = _attend(q_btkgh, *new_kv, mask_bts)
         y_btd = self.o(out_btkgh.reshape(b, t, self.n * self.h).astype(x_btd.dtype))
         return y_btd, new_kv
 
@@ -84,7 +83,8 @@ def _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b):
     s < start_b, and block slots as the block mask allows), one softmax over both parts. Reading the
     cache before the write is what lets XLA:CPU update it in place: attending to the written cache
     made it compute the write twice (in place for the loop carry, into a copy for the attention) and
-    copy every layer's keys and values each step.
+    copy every layer's keys and values each step. Callers keep start_b + T <= slots (as `write_block`
+    requires), so the block's own mask entries are in range.
     """
     b, t = k_btkh.shape[:2]
     slots = kv[0].shape[1]

@@ -8,8 +8,9 @@ from conftest import forward, full_logits, logits_of, tiny_config
 from flax import nnx
 
 from specjax.models.config import ConfigError, gemma3_270m
-from specjax.models.kv_cache import attention_masks, causal_block_mask
+from specjax.models.kv_cache import attention_masks, causal_block_mask, write_block, write_transposed
 from specjax.models.params import param_shapes
+from specjax.models.transformer import _attend, _split_attention
 
 TOL = 2e-5  # float32; the two paths sum attention over different (masked) lengths
 
@@ -45,6 +46,24 @@ def test_multi_token_block_after_cache_and_ragged_rows(tiny_model):
     got = logits_of(tiny_model, h)
     np.testing.assert_allclose(got[0], ref[0, 5:8], atol=TOL)
     np.testing.assert_allclose(got[1], ref[1, 8:11], atol=TOL)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_split_attention_equals_attending_to_the_written_cache(window):
+    """Ragged starts, stale slots after each row's start, a tree-shaped block mask, global and local layers."""
+    b, t, slots, kv, g, h = 3, 4, 20, 2, 2, 8
+    keys = jax.random.split(jax.random.key(5), 5)
+    q = jax.random.normal(keys[0], (b, t, kv, g, h))
+    cache = jax.random.normal(keys[1], (b, slots, kv, h)), jax.random.normal(keys[2], (b, kv, h, slots))
+    k_new, v_new = jax.random.normal(keys[3], (b, t, kv, h)), jax.random.normal(keys[4], (b, t, kv, h))
+    start = jnp.array([0, 7, slots - t])
+    tree = jnp.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)  # nodes 1, 2 siblings
+    pos = start[:, None] + jnp.array([0, 1, 1, 2])[None, :]
+    glob, local = attention_masks(pos, start, slots, jnp.broadcast_to(tree, (b, t, t)), window)
+    mask = glob if window is None else local
+    written = write_block(cache[0], k_new, start), write_transposed(cache[1], v_new, start)
+    np.testing.assert_allclose(_split_attention(q, cache, k_new, v_new, mask, start),
+                               _attend(q, *written, mask), atol=1e-5)
 
 
 def test_window_changes_the_result(tiny_model):

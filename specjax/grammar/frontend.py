@@ -3,7 +3,7 @@
 Lark itself parses the grammar (EBNF, ``%import``, templates, ``?``/``!``/``_`` prefixes, aliases) and
 expands it to BNF rules; this module reads those rules and terminals, turns every terminal into a byte
 DFA (:mod:`specjax.grammar.terminals`), removes left recursion (so that it becomes iteration, see
-:func:`_remove_left_recursion`) and checks that the start rule derives some string.
+:mod:`specjax.grammar._left_recursion`) and checks that the start rule derives some string.
 
 The start rule is an option, as in lark (python.lark has no ``start`` rule: its entry rules are ``file_input``,
 ``single_input`` and ``eval_input``); when it is missing, the message names the grammar's top-level rules. A
@@ -28,6 +28,7 @@ from lark import load_grammar as lark_load_grammar
 
 from specjax.grammar import _deadline
 from specjax.grammar._dfa import ByteDFA
+from specjax.grammar._left_recursion import nullable_rules, remove_left_recursion
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.terminals import terminal_dfa
 
@@ -88,7 +89,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     Raises:
       GrammarError: a syntax error (with line and column), an undefined rule or terminal, no such start rule
         (naming the rules that could be the start), a ``%declare``'d terminal reachable from the start (it
-        needs a postlexer), an unsupported regex construct, indirect left recursion, or a start rule that
+        needs a postlexer), an unsupported regex construct, left recursion too large to rewrite, or a start rule that
         derives no string.
     """
     _build_lark_meta_parser()
@@ -114,7 +115,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
         raise GrammarError(_postlexer_message(missing, start, rules, entry_names))
     terminals = tuple(_terminal(name, term_defs[name].pattern, start, rules) for name in term_names)
     rules = {n: rules[n] for n in used}
-    rules = _merge_optional_repeats(_remove_left_recursion(rules))
+    rules = _merge_optional_repeats(remove_left_recursion(rules))
     productive = _productive(rules, set(term_names))
     if start not in productive:
         raise GrammarError(f"the grammar's language is empty: rule {start!r} derives no finite string "
@@ -122,9 +123,9 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     rules = {n: [a for a in alts if all(s in productive or s not in rules for s in a)]
              for n, alts in rules.items() if n in productive}
     rules = {n: rules[n] for n in _reachable(rules, start)}
-    _check_hidden_left_recursion(rules, _nullable(rules))
+    _check_hidden_left_recursion(rules, nullable_rules(rules))
     rules = _factor_alternatives(rules)
-    nullable = _nullable(rules)
+    nullable = nullable_rules(rules)
     names = sorted(rules, key=lambda n: (n != start, n))
     rule_id = {n: i for i, n in enumerate(names)}
     term_id = {t: i for i, t in enumerate(term_names)}
@@ -209,25 +210,6 @@ def _reachable(rules: dict[str, list[tuple[str, ...]]], start: str) -> list[str]
     return sorted(seen)
 
 
-def _remove_left_recursion(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
-    """Rewrites direct left recursion ``A: A a | b`` as ``A: b A'``, ``A': a A' | ε`` (same language).
-
-    Lark expands ``x*`` and ``x+`` into left-recursive helper rules, and arithmetic grammars are written
-    left-recursively; as right recursion in tail position they cost no stack (see automaton.py).
-    """
-    out: dict[str, list[tuple[str, ...]]] = {}
-    for name, alts in rules.items():
-        alts = [a for a in alts if a != (name,)]  # A: A adds nothing
-        recursive = [a[1:] for a in alts if a[:1] == (name,)]
-        if not recursive:
-            out[name] = alts
-            continue
-        tail = f"{name}__rest"
-        out[name] = [a + (tail,) for a in alts if a[:1] != (name,)]
-        out[tail] = [a + (tail,) for a in recursive] + [()]
-    return out
-
-
 def _merge_optional_repeats(rules: dict[str, list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
     """Merges ``P Q | P S Q`` into ``P S* Q`` where ``S`` is a repetition ``a+`` (``S: a S*``, ``S*: a S* | ε``).
 
@@ -302,18 +284,6 @@ def _productive(rules: dict[str, list[tuple[str, ...]]], terminals: set[str]) ->
         changed = False
         for name, alts in rules.items():
             if name not in done and any(all(s in terminals or s in done for s in a) for a in alts):
-                done.add(name)
-                changed = True
-    return done
-
-
-def _nullable(rules: dict[str, list[tuple[str, ...]]]) -> set[str]:
-    done: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, alts in rules.items():
-            if name not in done and any(all(s in done for s in a) for a in alts):
                 done.add(name)
                 changed = True
     return done

@@ -27,14 +27,15 @@ def _on_alarm(signum, frame):
     raise _Alarm
 
 
-def _specjax_compile(schema, tokenizer, decode_defaults: bool) -> tuple[str, str | None]:
+def _specjax_compile(schema, tokenizer, decode_defaults: bool,
+                     unenforced: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """("compiled" | "refused", refusal keyword); raises _Alarm past the limit."""
     from specjax.grammar import GrammarError, GrammarOptions, compile_grammar
     from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
 
     try:  # decode_defaults: GrammarSpec's (strict objects, max_repeat=16) instead of the exact language
-        text = json_schema_to_lark(schema, JsonSchemaOptions(strict_objects=True, max_repeat=16)
-                                   if decode_defaults else None)
+        options = dict(strict_objects=True, max_repeat=16) if decode_defaults else {}
+        text = json_schema_to_lark(schema, JsonSchemaOptions(**options, unenforced=unenforced))
         compile_grammar(text, tokenizer, GrammarOptions(cache=False))
         return "compiled", None
     except SchemaError as e:
@@ -98,8 +99,10 @@ def run_compile(args, files: list[tuple[str, list[dict]]]) -> None:
 
     vocabulary_of(tokenizer)  # the vocabulary tables are built once per tokenizer: not part of a compile
     strict = getattr(args, "decode_defaults", False)
-    engines = {"specjax" + (" (decode defaults)" if strict else ""):
-               lambda schema: _specjax_compile(schema, tokenizer, strict)}
+    unenforced = tuple(k for k in (getattr(args, "unenforced", "") or "").split(",") if k)
+    label = "specjax" + (" (decode defaults)" if strict else "") + (f" (unenforced {','.join(unenforced)})"
+                                                                   if unenforced else "")
+    engines = {label: lambda schema: _specjax_compile(schema, tokenizer, strict, unenforced)}
     if "llguidance" in args.peers:
         llg_tok = _llg_engine(tokenizer)
         engines["llguidance"] = lambda schema: _llg_compile(schema, llg_tok)

@@ -97,6 +97,8 @@ def main() -> None:
     ap.add_argument("--decode-defaults", action="store_true",
                     help="with --compile: GrammarSpec defaults (strict objects, max_repeat=16), not the exact language")
     ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: CPU-time limit per schema")
+    ap.add_argument("--unenforced", default="", help="with --compile: keywords to leave unenforced where they cannot "
+                                                     "be compiled (JsonSchemaOptions.unenforced), comma-separated")
     args = ap.parse_args()
     if args.compile:
         from jsonschemabench_compile import run_compile

@@ -9,10 +9,14 @@ with the schema's grammar, --new-tokens at most, batch --batch. Reported per fil
 * closed: the token budget chose the row's last tokens (`GenerateConfig.close_grammar`; "closed");
 * cut: the limit cut the row ("length": only with --no-close, or a budget shorter than the shortest value);
 * valid: outputs accepted by `jsonschema` (the schema's own draft, with its format checker), of the
-  finished and closed rows. Anything else is a bug.
+  finished and closed rows. Anything else is a bug — unless --unenforced leaves keywords unenforced, where
+  "flagged" counts the outputs the decoder itself flagged (`Completion.violation`); an invalid output it did
+  not flag is still a bug. --only-unenforced keeps the schemas that compile only thanks to that option.
 
     python benchmarks/jsonschemabench_generate.py --limit 8 --new-tokens 512
     python benchmarks/jsonschemabench_generate.py --model /path/qwen.gguf --limit 8 --no-close
+    python benchmarks/jsonschemabench_generate.py --model qwen2.5-coder-1.5b-instruct --limit 40 \
+        --unenforced uniqueItems,oneOf,contains,pattern,maxLength,propertyNames --only-unenforced
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ def run_file(gen: Generator, name: str, a) -> dict:
     """Compiles the file's first a.limit schemas, generates one value each, and tallies the outcomes."""
     kept, specs, rows = [], [], load(name)
     for row in rows[:a.limit]:
-        spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"])
+        spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"], unenforced=a.unenforced)
         try:
+            if a.only_unenforced and not spec.unenforced_at():
+                continue
             gen._grammar_tables(spec, lambda m: None)
         except GrammarSpecError:
             continue
@@ -66,15 +72,18 @@ def run_file(gen: Generator, name: str, a) -> dict:
         if kind != "cut":
             ok = is_valid(row["schema"], c.text)
             tally["valid"] += ok
+            tally["flagged"] += c.violation is not None
             if not ok:
-                print(f"  INVALID {row['id']}: {c.text[:200]!r}")
+                flag = f" (flagged: {c.violation})" if c.violation else " (NOT FLAGGED)"
+                print(f"  INVALID {row['id']}{flag}: {c.text[:200]!r}")
     return tally
 
 
 def line(name: str, t: dict) -> str:
     done = t["finished"] + t["closed"]
     return (f"| {name} | {t['schemas']} | {t['compiled']} | {t['finished']} | {t['closed']} | {t['cut']} | "
-            f"{t['valid']}/{done} | {t['tokens'] / max(t['compiled'], 1):.0f} | {t.get('seconds', 0):.0f} |")
+            f"{t['valid']}/{done} | {t['flagged']} | {t['tokens'] / max(t['compiled'], 1):.0f} | "
+            f"{t.get('seconds', 0):.0f} |")
 
 
 def main():
@@ -85,15 +94,20 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--model", default=None, help="a GGUF / HF directory (default: the embedded Gemma 3 270M)")
     ap.add_argument("--no-close", action="store_true", help="let the limit cut rows (grammar_close=false)")
+    ap.add_argument("--unenforced", default="", help="keywords to leave unenforced where they cannot be compiled "
+                                                     "(GrammarSpec.unenforced), comma-separated")
+    ap.add_argument("--only-unenforced", action="store_true", help="only schemas that need --unenforced")
     a = ap.parse_args()
+    a.unenforced = tuple(k for k in a.unenforced.split(",") if k)
     from specjax.models.loading import load_model
 
     model, tok = load_model(a.model)
     gen = Generator(model, tok)
     print(f"data: {DATA}; model: {a.model or 'embedded Gemma 3 270M'}; greedy, {a.new_tokens} new tokens, "
-          f"batch {a.batch}, close={'off' if a.no_close else 'on'}")
-    print("| file | schemas | compiled | finished | closed | cut | valid | tokens/row | s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"batch {a.batch}, close={'off' if a.no_close else 'on'}, unenforced={','.join(a.unenforced) or '-'}"
+          f"{' (only schemas that need it)' if a.only_unenforced else ''}")
+    print("| file | schemas | compiled | finished | closed | cut | valid | flagged | tokens/row | s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     total = collections.Counter()
     for name in a.files:
         t = run_file(gen, name, a)

@@ -94,6 +94,9 @@ class Completion:
     # "eos", "stop", "length", "grammar" (complete, only EOS could follow) or "closed" (complete, but the token
     # budget chose its last tokens: `GenerateConfig.close_grammar`)
     finish_reason: str
+    # Why the text breaks its JSON Schema where a keyword was left unenforced (`GrammarSpec.unenforced`; checked
+    # with jsonschema for complete texts), else None: outputs of an exact grammar are never checked here.
+    violation: str | None = None
 
 
 @dataclasses.dataclass
@@ -211,6 +214,10 @@ class Generator:
                 raise GenerationError(f"grammar {spec.where}: the tokenizer has {tables.vocab_size} tokens but the "
                                       f"model's vocabulary has {self.model.cfg.vocab_size}")
             self._grammars[spec] = tables
+            if at := spec.unenforced_at():
+                more = f" and {len(at) - 3} more" if len(at) > 3 else ""
+                progress(f"{spec.where}: not enforced (unenforced=): {', '.join(at[:3])}{more}; complete outputs "
+                         "are checked with jsonschema (Completion.violation)")
         return self._grammars[spec]
 
     def _batch_grammar(self, specs: list[GrammarSpec] | None, batch: int, close: bool):
@@ -289,7 +296,7 @@ class Generator:
             elif start == 0:  # programs from the persistent compile cache carry no clock
                 stats.prefill_ms = stats.ttft_ms = float("nan")
             for j in range(len(chunk)):
-                completions.append(self._completion(prompts[start + j], out, j, cfg))
+                completions.append(self._completion(prompts[start + j], out, j, cfg, start + j))
             if on_batch is not None:
                 on_batch(completions[start:])
         t_end = time.perf_counter()
@@ -391,7 +398,7 @@ class Generator:
             stats.add_decode(t_end - first_t, int(out[1].sum()) - len(chunk), steps)
         return out, first_t, t_call
 
-    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig) -> Completion:
+    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig, index: int) -> Completion:
         out_bn, count_b, reason_b, _ = out
         toks = [int(x) for x in out_bn[j, :count_b[j]]]
         reason = FINISH_REASONS[int(reason_b[j])]
@@ -402,4 +409,8 @@ class Generator:
         text = self.tokenizer.decode(toks)
         if reason == "stop":
             text, _ = truncate_at_stop(text, cfg.stop)
-        return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason)
+        spec = cfg.grammar[index] if isinstance(cfg.grammar, tuple) else cfg.grammar
+        # Only a complete text can be judged (a cut one is incomplete JSON by construction).
+        check = spec is not None and reason in ("eos", "grammar", "closed", "stop")
+        return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason,
+                          violation=spec.violation(text) if check else None)

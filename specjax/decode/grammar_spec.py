@@ -8,13 +8,14 @@ grammar compiler caches tables on disk across processes). Every front-end error 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 from specjax.grammar._deadline import deadline
 from specjax.grammar.compiler import GrammarOptions, compile_grammar
 from specjax.grammar.errors import GrammarError
-from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
+from specjax.grammar.json_schema import UNENFORCEABLE, JsonSchemaOptions, SchemaError, json_schema_grammar
 from specjax.grammar.regex import RegexError, regex_to_lark
 from specjax.grammar.runtime import GrammarTables
 
@@ -52,6 +53,10 @@ class GrammarSpec:
       max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
         per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
       unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
+      unenforced: JSON Schema only: keywords (of `json_schema.UNENFORCEABLE`: uniqueItems, oneOf, contains,
+        pattern, maxLength, propertyNames) to leave unenforced where they cannot be compiled exactly, instead of
+        refusing the schema (`JsonSchemaOptions.unenforced`). Outputs then may break the schema there:
+        `violation` checks a text with jsonschema, and the generator fills `Completion.violation`.
       max_states: refuse grammars whose automaton passes this many states (`GrammarOptions.max_states`).
       timeout: compile time limit in seconds of CPU time (`GrammarOptions.timeout`); None: no limit.
       max_ignore: bytes per %ignore'd lexeme (`GrammarOptions.max_ignore`); None: unbounded.
@@ -67,6 +72,7 @@ class GrammarSpec:
     strict_objects: bool = True
     max_repeat: int | None = 16
     unknown_formats: str = "refuse"
+    unenforced: tuple[str, ...] = ()
     max_states: int = 200_000
     timeout: float | None = 10.0
     max_ignore: int | None = None
@@ -84,6 +90,11 @@ class GrammarSpec:
             raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
         if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
             raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
+        if not isinstance(self.unenforced, tuple):
+            raise GrammarSpecError(f"unenforced must be a tuple of JSON Schema keywords, got {self.unenforced!r}")
+        if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:
+            raise GrammarSpecError(f"json unenforced: {bad[0]!r} cannot be left unenforced "
+                                   f"(only {', '.join(UNENFORCEABLE)})")
         if not isinstance(self.strict_objects, bool):
             raise GrammarSpecError(f"strict_objects must be true or false, got {self.strict_objects!r}")
         try:
@@ -106,29 +117,58 @@ class GrammarSpec:
 
     def lark_text(self) -> str:
         """The Lark grammar of this spec (start rule `start` for schemas and regexes)."""
+        return _front_end(self)[0]
+
+    def unenforced_at(self) -> tuple[str, ...]:
+        """Where `unenforced` dropped a keyword ("uniqueItems at #/properties/tags"); empty for an exact grammar."""
+        return _front_end(self)[1]
+
+    def violation(self, text: str) -> str | None:
+        """Why ``text`` breaks the schema (jsonschema's first error), or None. Only JSON Schema specs with
+        keywords left unenforced can produce such text; any other spec returns None without checking."""
+        if not self.unenforced_at():
+            return None
+        import jsonschema  # a dependency, imported only where outputs need checking
+
         try:
-            if self.kind == "lark":
-                return self.source
-            if self.kind == "regex":
-                return regex_to_lark(self.source)
-            try:
-                schema = json.loads(self.source)
-            except json.JSONDecodeError as e:
-                raise GrammarSpecError(f"{self.where}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
-            if not isinstance(schema, dict | bool):
-                raise GrammarSpecError(f"{self.where}: a JSON Schema must be an object or a boolean, "
-                                       f"got {type(schema).__name__}")
-            with deadline(self.timeout):  # the compile time limit covers the schema front-end too
-                return json_schema_to_lark(schema, JsonSchemaOptions(
-                    whitespace=self.whitespace, max_whitespace=self.max_whitespace, strict_objects=self.strict_objects,
-                    unknown_formats=self.unknown_formats, max_repeat=self.max_repeat))
-        except (SchemaError, RegexError, GrammarError) as e:
-            raise GrammarSpecError(f"{self.where}: {_one_line(e)}") from None
+            instance = json.loads(text)
+        except json.JSONDecodeError as e:
+            return f"not JSON ({e.msg} at character {e.pos})"
+        schema = json.loads(self.source)
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"at /{where}: {_one_line(error.message)[:200]}"
 
     def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:
         return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,
                               max_states=self.max_states, timeout=self.timeout, max_ignore=self.max_ignore,
                               eos_ids=eos_ids)
+
+
+@functools.lru_cache(maxsize=64)
+def _front_end(spec: GrammarSpec) -> tuple[str, tuple[str, ...]]:
+    """(Lark text, where keywords were left unenforced) of a spec: the JSON Schema front-end runs once per spec."""
+    try:
+        if spec.kind == "lark":
+            return spec.source, ()
+        if spec.kind == "regex":
+            return regex_to_lark(spec.source), ()
+        try:
+            schema = json.loads(spec.source)
+        except json.JSONDecodeError as e:
+            raise GrammarSpecError(f"{spec.where}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+        if not isinstance(schema, dict | bool):
+            raise GrammarSpecError(f"{spec.where}: a JSON Schema must be an object or a boolean, "
+                                   f"got {type(schema).__name__}")
+        with deadline(spec.timeout):  # the compile time limit covers the schema front-end too
+            return json_schema_grammar(schema, JsonSchemaOptions(
+                whitespace=spec.whitespace, max_whitespace=spec.max_whitespace, strict_objects=spec.strict_objects,
+                unknown_formats=spec.unknown_formats, max_repeat=spec.max_repeat, unenforced=spec.unenforced))
+    except (SchemaError, RegexError, GrammarError) as e:
+        raise GrammarSpecError(f"{spec.where}: {_one_line(e)}") from None
 
 
 def compile_spec(spec: GrammarSpec, tokenizer, eos_ids: tuple[int, ...] | None = None) -> GrammarTables:

@@ -127,6 +127,7 @@ class DecodeOptions:
     json_strict_objects: bool = _GRAMMAR["strict_objects"]
     json_max_repeat: int | None = _GRAMMAR["max_repeat"]
     json_unknown_formats: str = _GRAMMAR["unknown_formats"]
+    json_unenforced: list[str] = dataclasses.field(default_factory=lambda: list(_GRAMMAR["unenforced"]))
     grammar_max_states: int = _GRAMMAR["max_states"]
     grammar_timeout: float | None = _GRAMMAR["timeout"]
     grammar_max_ignore: int | None = _GRAMMAR["max_ignore"]

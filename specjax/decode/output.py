@@ -130,6 +130,9 @@ class CompletionWriter:
             if self.total > 1:
                 out.write(f"--- [{self.written}] {c.prompt[:70]!r} ({c.finish_reason})\n")
             out.write((c.text if self.chat else c.prompt + c.text) + "\n")
+            if c.violation:  # a JSON Schema keyword left unenforced (json_unenforced) was broken
+                print(f"warning: completion {self.written} breaks the schema where it is not enforced "
+                      f"(json_unenforced): {c.violation}", file=sys.stderr)
             self.written += 1
         out.flush()
         if self.output:

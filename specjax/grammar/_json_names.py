@@ -37,7 +37,17 @@ def literal_regex(text: str) -> str:
 
 
 def key_filter(compiler, names, path: str) -> KeyFilter | None:
-    """The filter of a (flattened) propertyNames schema; None when it allows every key."""
+    """The filter of a (flattened) propertyNames schema; None when it allows every key (or when a constraint that
+    is not compiled is left unenforced: ``JsonSchemaOptions.unenforced``)."""
+    try:
+        return _key_filter(compiler, names, path)
+    except SchemaError as e:
+        if e.keyword == "propertyNames" and compiler.leave_unenforced(e):
+            return None
+        raise
+
+
+def _key_filter(compiler, names, path: str) -> KeyFilter | None:
     if names is True or names == {}:
         return None
     if names is False:

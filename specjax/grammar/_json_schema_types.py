@@ -98,7 +98,11 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
                 raise SchemaError(kw, path, f"must be a non-negative integer, got {v!r}")
         _check_count("minItems", path, lo, "items")
         if node.get("uniqueItems") is True and (hi is None or hi > 1) and not (rest is False and not prefix):
-            return self._unique_array(prefix, rest, rest_path, lo, hi, path)
+            try:
+                return self._unique_array(prefix, rest, rest_path, lo, hi, path)
+            except SchemaError as e:
+                if e.keyword != "uniqueItems" or not self.c.leave_unenforced(e):
+                    raise  # else: the array below, items not necessarily distinct
         for i, p in enumerate(prefix):
             if p is False:
                 hi, prefix = (i if hi is None else min(hi, i)), prefix[:i]
@@ -230,6 +234,14 @@ class TypeEmitter(ObjectEmitter, NumberEmitter):
 
     # ---------------------------------------------------------------------------------- strings
     def string(self, node: dict, path: str) -> str:
+        try:
+            return self._string(node, path)
+        except SchemaError as e:  # a pattern or maxLength left unenforced: the same string without it
+            if e.keyword not in ("pattern", "maxLength") or e.keyword not in node or not self.c.leave_unenforced(e):
+                raise
+            return self.string({k: v for k, v in node.items() if k != e.keyword}, path)
+
+    def _string(self, node: dict, path: str) -> str:
         lo, hi = node.get("minLength", 0), node.get("maxLength")
         for kw, v in (("minLength", lo), ("maxLength", hi)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

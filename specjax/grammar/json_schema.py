@@ -28,11 +28,14 @@ from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import TypeEmitter
 from specjax.grammar._json_text import NUMBER_REGEX
 
-__all__ = ["JsonSchemaOptions", "SchemaError", "json_schema_to_lark"]
+__all__ = ["UNENFORCEABLE", "JsonSchemaOptions", "SchemaError", "json_schema_grammar", "json_schema_to_lark"]
 
 _RULE_NAME = re.compile(r"\b(?:s_\w+|any_value)\b")  # names the front-end gives rules (_new_name, any_value)
 _MAX_NESTING = 60  # nested schema rules; Python's stack allows ~90
 _DRAFTS = (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7), ("2019-09", 2019), ("2020-12", 2020))
+# Keywords `JsonSchemaOptions.unenforced` may leave unenforced where they cannot be compiled exactly.
+UNENFORCEABLE = ("uniqueItems", "oneOf", "contains", "pattern", "maxLength", "propertyNames")
+_CONTAINS = ("contains", "minContains", "maxContains")
 _REFUSAL_WHY = {
     "propertyNames": "key constraints are not compiled",
     "contains": "counting matching items is not compiled",
@@ -58,6 +61,12 @@ class JsonSchemaOptions:
         whose items may hold one (the counter copies the item's automaton once per position).
       strict_objects: True: never generate properties outside `properties` (+ required), even
         where the schema allows them (narrower than the schema, still sound; xgrammar's default).
+      unenforced: keywords of `UNENFORCEABLE` to leave unenforced *where* they cannot be compiled exactly, instead
+        of refusing the schema: there the language is wider than the schema (uniqueItems, contains,
+        propertyNames, a pattern the regex front-end refuses, a maxLength too long to count are dropped; oneOf
+        branches that cannot be made disjoint are read as anyOf). Everywhere else they are compiled exactly.
+        `json_schema_grammar` says where a keyword was dropped, so a caller can check outputs (the decoder does,
+        with jsonschema). Off by default: XGrammar approximates these silently, llguidance refuses them.
     """
 
     whitespace: str = "compact"
@@ -65,6 +74,7 @@ class JsonSchemaOptions:
     unknown_formats: str = "refuse"
     strict_objects: bool = False
     max_repeat: int | None = None
+    unenforced: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.whitespace not in ("compact", "flexible"):
@@ -75,6 +85,8 @@ class JsonSchemaOptions:
             raise ValueError(f"max_repeat must be >= 1 or None, got {self.max_repeat}")
         if self.max_whitespace is not None and self.max_whitespace < 1:
             raise ValueError(f"max_whitespace must be >= 1 or None, got {self.max_whitespace}")
+        if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:
+            raise ValueError(f"unenforced: {bad[0]!r} cannot be left unenforced (only {', '.join(UNENFORCEABLE)})")
 
 
 def json_schema_to_lark(schema: dict | bool, options: JsonSchemaOptions | None = None) -> str:
@@ -83,7 +95,29 @@ def json_schema_to_lark(schema: dict | bool, options: JsonSchemaOptions | None =
     Raises:
       SchemaError: a keyword that cannot be compiled exactly (message: keyword, JSON pointer, reason).
     """
-    return _Compiler(schema, options or JsonSchemaOptions()).compile()
+    return json_schema_grammar(schema, options)[0]
+
+
+def json_schema_grammar(schema: dict | bool, options: JsonSchemaOptions | None = None) -> tuple[str, tuple[str, ...]]:
+    """:func:`json_schema_to_lark`, and where keywords were left unenforced (``"uniqueItems at #/properties/a"``).
+
+    The second part is empty unless ``options.unenforced`` names a keyword that could not be compiled exactly
+    somewhere; then the grammar accepts more than the schema there, and outputs need checking.
+
+    Raises:
+      SchemaError: as :func:`json_schema_to_lark`; a keyword that ``unenforced`` could drop says so.
+    """
+    compiler = _Compiler(schema, options or JsonSchemaOptions())
+    try:
+        text = compiler.compile()
+    except SchemaError as e:
+        kw = "contains" if e.keyword in _CONTAINS else e.keyword
+        if type(e) is not SchemaError or kw not in UNENFORCEABLE:
+            raise
+        raise SchemaError(e.keyword, e.path, f"{e.why}; unenforced=('{kw}',) leaves it unenforced where it cannot "
+                                             f"be compiled, outputs then checked after generation "
+                                             f"(json_unenforced=[{kw}] on the command line)") from None
+    return text, tuple(dict.fromkeys(compiler.relaxed))
 
 
 def draft_of(schema) -> int:
@@ -118,6 +152,16 @@ class _Compiler:
         # Rules that keep max_repeat off an array whose items use them: generic JSON and the arrays it already
         # counts (a counter copies the item's automaton per position; see TypeEmitter.array).
         self.count_blockers: set[str] = {"any_value"}
+        self.relaxed: list[str] = []  # "keyword at path" where JsonSchemaOptions.unenforced dropped a keyword
+
+    def leave_unenforced(self, error: SchemaError) -> bool:
+        """Whether the keyword ``error`` refuses may be dropped where it occurs (``JsonSchemaOptions.unenforced``);
+        if so, records where."""
+        kw = "contains" if error.keyword in _CONTAINS else error.keyword
+        if type(error) is not SchemaError or kw not in self.options.unenforced:
+            return False
+        self.relaxed.append(f"{error.keyword} at {error.path}")
+        return True
 
     # ------------------------------------------------------------------------------------- output
     def compile(self) -> str:
@@ -272,7 +316,10 @@ class _Compiler:
     def refuse_unsupported(self, node: dict, path: str) -> None:
         for kw in node:
             if kw in logic.REFUSED:
-                raise SchemaError(kw, path, _REFUSAL_WHY.get(kw, "not supported by the grammar front-end"))
+                error = SchemaError(kw, path, _REFUSAL_WHY.get(kw, "not supported by the grammar front-end"))
+                if kw in _CONTAINS and self.leave_unenforced(error):
+                    continue  # the array compiles without it (typed() reads only the keywords it compiles)
+                raise error
             if kw == "$id" and path != "#" and isinstance(node[kw], str) and self.has_refs:
                 raise SchemaError("$id", path, "a nested $id changes how $ref resolves; not supported")
 
@@ -299,21 +346,32 @@ class _Compiler:
                 out.append(flats[i])
                 continue
             try:
-                negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten, draft=self.draft)
-                        for j in overlap]
+                combos = self._exclusion_cases(flats, i, overlap, path)
             except SchemaError as e:
-                raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
-                                                 f"the complement of a branch is not compiled ({e.why})") from None
-            combos = [[]]
-            for options in negs:
-                combos = [c + [n] for c in combos for n in options]
-                if len(combos) > 64:
-                    raise SchemaError("oneOf", path, f"branch {i} overlaps others in more than 64 cases")
+                if self.leave_unenforced(e):
+                    out.append(flats[i])  # read as anyOf: an instance may match this branch and another
+                    continue
+                raise
             for k, combo in enumerate(combos):
                 # each piece is its own schema location: the rules of its members are memoized by path
                 piece = {"allOf": [flat, *combo]}
                 out.append((piece, f"{fpath}/(case {k})", "oneOf:" + logic.canonical(piece), piece))
         return out
+
+    def _exclusion_cases(self, flats: list, i: int, overlap: list[int], path: str) -> list[list]:
+        """The combinations of complements (one case of each overlapping branch's complement) for branch i."""
+        try:
+            negs = [conditions.negate(flats[j][3], f"{path}/oneOf/{j}", self.flatten, draft=self.draft)
+                    for j in overlap]
+        except SchemaError as e:
+            raise SchemaError("oneOf", path, f"branches {i} and {overlap[0]} may both match an instance, and "
+                                             f"the complement of a branch is not compiled ({e.why})") from None
+        combos = [[]]
+        for options in negs:
+            combos = [c + [n] for c in combos for n in options]
+            if len(combos) > 64:
+                raise SchemaError("oneOf", path, f"branch {i} overlaps others in more than 64 cases")
+        return combos
 
     def alternatives(self, node: dict, kw: str, path: str) -> str:
         """anyOf (union) or oneOf (union of provably disjoint branches); siblings distribute into each."""

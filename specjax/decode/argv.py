@@ -56,21 +56,21 @@ def _literal_list(value: str) -> Any:
             return [unescape(strip_quotes(item.strip())) for item in value[1:-1].split(",")]
 
 
-def parse_stop(value: str) -> list[str]:
-    """stop= as a list of stop strings: a JSON (or Python, or bare) list of strings, or one string;
-    escapes decoded."""
+def parse_stop(value: str, key: str = "stop") -> list[str]:
+    """stop= (or another list-of-strings option, `key`) as a list of strings: a JSON (or Python, or bare) list of
+    strings, or one string; escapes decoded."""
     value = value.strip()
     if not value:
         return []
     if value.startswith("["):
         items = _literal_list(value)  # JSON and Python literals decode their own escapes
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise UsageError(f"stop={value}: expected one string or a list of quoted strings, e.g. "
+            raise UsageError(f"{key}={value}: expected one string or a list of quoted strings, e.g. "
                              "'stop=[\"\\n\\n\",\"###\"]'")
     else:
         items = [unescape(strip_quotes(value))]
     if any(s == "" for s in items):
-        raise UsageError(f"stop={value}: a stop string cannot be empty")
+        raise UsageError(f"{key}={value}: an item cannot be empty")
     return items
 
 
@@ -109,7 +109,7 @@ def split_free_text(args: Sequence[str], schema: type) -> tuple[list[str], dict[
         if eq and key in strings and value != "null":
             free[key] = check_utf8(key, strip_quotes(value))
         elif eq and key in lists:
-            free[key] = [check_utf8(key, s) for s in parse_stop(value)]
+            free[key] = [check_utf8(key, s) for s in parse_stop(value, key)]
         else:
             overrides.append(check_utf8(key or arg, arg))
     return overrides, free

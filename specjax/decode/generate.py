@@ -398,7 +398,8 @@ class Generator:
             stats.add_decode(t_end - first_t, int(out[1].sum()) - len(chunk), steps)
         return out, first_t, t_call
 
-    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig, index: int) -> Completion:
+    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig, index: int | None = None) -> Completion:
+        """Row j of a finished batch; `index`: the prompt's index in the run (its grammar), j when None."""
         out_bn, count_b, reason_b, _ = out
         toks = [int(x) for x in out_bn[j, :count_b[j]]]
         reason = FINISH_REASONS[int(reason_b[j])]
@@ -409,7 +410,7 @@ class Generator:
         text = self.tokenizer.decode(toks)
         if reason == "stop":
             text, _ = truncate_at_stop(text, cfg.stop)
-        spec = cfg.grammar[index] if isinstance(cfg.grammar, tuple) else cfg.grammar
+        spec = cfg.grammar[j if index is None else index] if isinstance(cfg.grammar, tuple) else cfg.grammar
         # Only a complete text can be judged (a cut one is incomplete JSON by construction).
         check = spec is not None and reason in ("eos", "grammar", "closed", "stop")
         return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason,

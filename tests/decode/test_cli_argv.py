@@ -62,7 +62,7 @@ def test_unescape_keeps_unknown_escapes():
 def test_text_keys_are_the_string_fields():
     strings, lists = text_keys(DecodeOptions)
     assert {"prompt", "prompt_file", "regex", "model", "output", "grammar"} <= strings
-    assert lists == {"stop"} and "max_new_tokens" not in strings
+    assert lists == {"stop", "json_unenforced"} and "max_new_tokens" not in strings
 
 
 def test_non_text_keys_are_left_to_hydra():

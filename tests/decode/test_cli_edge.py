@@ -97,7 +97,7 @@ def test_readme_regex_constrains_the_output(tiny, tmp_path):
     (["prompt=x", "limit=2"], "limit= applies to prompts_file= only"),
     (["regex="], "regex='': the pattern is empty"),
     (["stop=[1, 2]"], "expected one string or a list of quoted strings"),
-    (["stop=[a,,b]"], "a stop string cannot be empty"),
+    (["stop=[a,,b]"], "stop=[a,,b]: an item cannot be empty"),
     (["prompt=x", "prompt_file=-"], "give one of prompt=, prompt_file= or prompts_file=, not prompt and prompt_file"),
     (["prompt_file=missing.txt"], "prompt_file='missing.txt': no such file"),
     (["output=."], "output='.': is a directory"),

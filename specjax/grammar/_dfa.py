@@ -78,28 +78,94 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
 
 
 def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
-    """Moore rounds until the number of blocks stops growing.
+    """Moore rounds until no block splits: the coarsest congruence refining ``part`` (dense ids).
 
-    ``exact=False`` tells rows apart by one 64-bit hash per row and checks nothing per round (``row_ids``
-    without its check). A collision can only merge blocks, so each round's partition is then coarser than or
-    equal to the exact one. If the result is a congruence refining the initial partition (every block's
-    members start alike and have equal successor blocks, which ``minimize`` checks once), it is no coarser
-    than the minimal partition (the coarsest such congruence) and no finer, so it is the minimal one. Only if
-    that check fails does ``minimize`` rerun the rounds exactly (``row_ids`` comparing rows every round).
+    ``exact=False`` tells rows apart by one 64-bit hash per row, checks nothing per round and only recomputes
+    the states whose successors changed block (:func:`_refine_hashed`). A collision can only merge blocks, so
+    the partition is then coarser than or equal to the exact one; if the result is a congruence refining the
+    initial partition (every block's members start alike and have equal successor blocks, which ``minimize``
+    checks once), it is no coarser than the minimal partition (the coarsest such congruence) and no finer, so it
+    is the minimal one. Only if that check fails does ``minimize`` rerun the rounds exactly (``row_ids``
+    comparing whole rows every round).
     """
+    if not exact:
+        return _refine_hashed(part, t_full)
     count = len(np.unique(part))
-    mult = _row_multipliers(t_full.shape[1] + 1)
     while True:
         _deadline.check()
-        if exact:
-            part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
-        else:  # row_ids(check=False)'s hash of [part, part[t_full]], without building that matrix (2.5x faster)
-            hashes = part * mult[0] + np.take(part, t_full) @ mult[1:]
-            part = np.unique(hashes, return_inverse=True)[1].reshape(-1)
+        part = row_ids(np.concatenate([part[:, None], part[t_full]], axis=1))
         new_count = int(part.max()) + 1
         if new_count == count:
             return part
         count = new_count
+
+
+def _predecessors(t_full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of "which states move into state x": (preds, starts), preds[starts[x]:starts[x + 1]]."""
+    n, k = t_full.shape
+    dst = t_full.reshape(-1)
+    order = np.argsort(dst, kind="stable")
+    return (order // k).astype(np.int64), np.searchsorted(dst[order], np.arange(n + 1))
+
+
+def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
+    """Hashed Moore refinement with a worklist: each round rehashes only the predecessors of the states that
+    changed block in the round before.
+
+    Block ids are stable: a block keeps its id and the states whose successor-block row now hashes differently
+    from the block's row leave it, grouped by their hashes (a whole block whose rows all changed alike is only
+    rehashed, and when all of it splits, its largest group keeps the id). So a state's row changes only when a
+    successor moved, and on chain-like automata (length counters, long literals) a round costs its few
+    changed states, not the whole table: whole-table Moore rounds were most of a large schema's compile.
+    """
+    n = len(part)
+    mult = _row_multipliers(t_full.shape[1])
+    preds, starts = _predecessors(t_full)
+    part = np.unique(part, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    row_hash = lambda states: np.take(part, t_full[states]) @ mult  # noqa: E731 - reads the current `part`
+    everyone = np.arange(n)
+    first = np.unique(part, return_index=True)[1]
+    block_hash = row_hash(everyone)[first]  # a block's row: its first member's, the others leave if they differ
+    size = np.bincount(part)
+    cand = everyone
+    while len(cand):
+        _deadline.check()
+        h = row_hash(cand)
+        moved_mask = h != block_hash[part[cand]]
+        movers, h = cand[moved_mask], h[moved_mask]
+        if not len(movers):
+            break
+        order = np.lexsort((h, part[movers]))
+        movers, h, blk = movers[order], h[order], part[movers[order]]
+        starts_g = np.flatnonzero(np.r_[True, (blk[1:] != blk[:-1]) | (h[1:] != h[:-1])])
+        counts = np.diff(np.r_[starts_g, len(movers)])
+        g_blk, g_hash = blk[starts_g], h[starts_g]
+        # Groups that take all of their block: the block's largest group keeps the id (only its hash changes).
+        moved_per_block = np.bincount(g_blk, weights=counts, minlength=len(size))
+        whole = moved_per_block[g_blk] == size[g_blk]
+        keep = np.zeros(len(g_blk), bool)
+        if whole.any():
+            idx = np.flatnonzero(whole)
+            best = idx[np.lexsort((-counts[idx], g_blk[idx]))]  # per block, the largest group first
+            first_of_block = best[np.r_[True, g_blk[best][1:] != g_blk[best][:-1]]]
+            keep[first_of_block] = True
+            block_hash[g_blk[keep]] = g_hash[keep]
+        new_ids = len(size) + np.cumsum(~keep) - 1
+        group_of = np.repeat(np.arange(len(g_blk)), counts)
+        relabel = ~keep[group_of]
+        changed = movers[relabel]
+        part[changed] = new_ids[group_of[relabel]]
+        size = np.concatenate([size, counts[~keep]])
+        np.subtract.at(size, g_blk[~keep], counts[~keep])
+        block_hash = np.concatenate([block_hash, g_hash[~keep]])
+        if not len(changed):
+            cand = changed  # only whole blocks were rehashed: their members' rows changed no one's successor row
+            break
+        lo, hi = starts[changed], starts[changed + 1]
+        total = int((hi - lo).sum())
+        idx = np.repeat(lo - (np.cumsum(hi - lo) - (hi - lo)), hi - lo) + np.arange(total)
+        cand = np.unique(preds[idx])
+    return np.unique(part, return_inverse=True)[1].reshape(-1)
 
 
 def minimal_dfa(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:

@@ -56,3 +56,42 @@ def test_a_colliding_hash_falls_back_to_the_exact_rounds(monkeypatch, seed):
     block, count = _dfa.minimize(trans, accept)
     want, want_count = _naive_blocks(trans, accept)
     assert count == want_count and _same_partition(list(block), want)
+
+
+def _exact_blocks(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
+    """The exact rounds (`row_ids` comparing whole rows), the reference for larger automata."""
+    n = len(accept)
+    t = np.vstack([np.where(trans < 0, n, trans), np.full((1, trans.shape[1]), n)]).astype(np.int64)
+    return _dfa._refine(np.append(accept.astype(np.int64), 2), t, exact=True)[:n]
+
+
+@settings(deadline=None, max_examples=80)
+@given(dfas)
+def test_hashed_rounds_alone_equal_plain_refinement(spec):
+    trans, accept = _random_dfa(*spec)
+    n = len(accept)
+    t = np.vstack([np.where(trans < 0, n, trans), np.full((1, trans.shape[1]), n)]).astype(np.int64)
+    block = _dfa._refine(np.append(accept.astype(np.int64), 2), t, exact=False)
+    want, _ = _naive_blocks(trans, accept)
+    assert _same_partition(list(block[:n]), want)
+
+
+@pytest.mark.parametrize(("n", "seed"), [(300, 0), (2000, 1), (5000, 2)])
+def test_worklist_refinement_on_chains_equals_the_exact_rounds(n, seed):
+    """Length counters (long chains whose states differ only by their distance to the end, the shape that made
+    whole-table rounds slow), some with shortcuts and copies, against the exact whole-table rounds."""
+    rng = np.random.default_rng(seed)
+    trans = np.full((n, 4), -1, np.int32)
+    trans[:-1, 0] = np.arange(1, n)  # the chain
+    trans[:, 1] = np.arange(n)  # a self-loop: rows differ only through the chain
+    jumps = rng.random(n) < 0.05
+    trans[jumps, 2] = rng.integers(0, n, jumps.sum())
+    trans[n // 2:, 3] = np.arange(n // 2, n)[::-1]  # a second chain in reverse over half the states
+    accept = np.zeros(n, bool)
+    accept[-1] = accept[n // 3] = True
+    want = _exact_blocks(trans, accept)
+    t = np.vstack([np.where(trans < 0, n, trans), np.full((1, 4), n)]).astype(np.int64)
+    # The hashed rounds on their own (minimize would hide a wrong result behind its exact fallback).
+    hashed = _dfa._refine(np.append(accept.astype(np.int64), 2), t, exact=False)[:n]
+    assert _same_partition(list(hashed), list(want))
+    assert _same_partition(list(_dfa.minimize(trans, accept)[0]), list(want))

@@ -93,6 +93,7 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--model", default=None, help="a GGUF / HF directory (default: the embedded Gemma 3 270M)")
+    ap.add_argument("--weights", default="float32", help="weight format in the graph (float32, int8, q4, bfloat16)")
     ap.add_argument("--no-close", action="store_true", help="let the limit cut rows (grammar_close=false)")
     ap.add_argument("--unenforced", default="", help="keywords to leave unenforced where they cannot be compiled "
                                                      "(GrammarSpec.unenforced), comma-separated")
@@ -101,10 +102,11 @@ def main():
     a.unenforced = tuple(k for k in a.unenforced.split(",") if k)
     from specjax.models.loading import load_model
 
-    model, tok = load_model(a.model)
+    model, tok = load_model(a.model, weights=a.weights)
     gen = Generator(model, tok)
-    print(f"data: {DATA}; model: {a.model or 'embedded Gemma 3 270M'}; greedy, {a.new_tokens} new tokens, "
-          f"batch {a.batch}, close={'off' if a.no_close else 'on'}, unenforced={','.join(a.unenforced) or '-'}"
+    print(f"data: {DATA}; model: {a.model or 'embedded Gemma 3 270M'}, weights={a.weights}; greedy, "
+          f"{a.new_tokens} new tokens, batch {a.batch}, close={'off' if a.no_close else 'on'}, "
+          f"unenforced={','.join(a.unenforced) or '-'}"
           f"{' (only schemas that need it)' if a.only_unenforced else ''}")
     print("| file | schemas | compiled | finished | closed | cut | valid | flagged | tokens/row | s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

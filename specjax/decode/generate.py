@@ -283,7 +283,8 @@ class Generator:
                                   "or a single GrammarSpec for all)")
         stats = Stats(prompts=len(prompts))
         t_grammar = time.perf_counter()
-        for spec in dict.fromkeys(cfg.row_grammars(len(prompts)) or ()):
+        row_specs = cfg.row_grammars(len(prompts))
+        for spec in dict.fromkeys(row_specs or ()):
             self._grammar_tables(spec, progress)
         stats.compile_s += time.perf_counter() - t_grammar  # one-off, like compiling the programs
         completions: list[Completion] = []
@@ -296,7 +297,8 @@ class Generator:
             elif start == 0:  # programs from the persistent compile cache carry no clock
                 stats.prefill_ms = stats.ttft_ms = float("nan")
             for j in range(len(chunk)):
-                completions.append(self._completion(prompts[start + j], out, j, cfg, start + j))
+                completions.append(_checked(self._completion(prompts[start + j], out, j, cfg),
+                                            row_specs[start + j] if row_specs else None))
             if on_batch is not None:
                 on_batch(completions[start:])
         t_end = time.perf_counter()
@@ -398,8 +400,7 @@ class Generator:
             stats.add_decode(t_end - first_t, int(out[1].sum()) - len(chunk), steps)
         return out, first_t, t_call
 
-    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig, index: int | None = None) -> Completion:
-        """Row j of a finished batch; `index`: the prompt's index in the run (its grammar), j when None."""
+    def _completion(self, prompt: str, out, j: int, cfg: GenerateConfig) -> Completion:
         out_bn, count_b, reason_b, _ = out
         toks = [int(x) for x in out_bn[j, :count_b[j]]]
         reason = FINISH_REASONS[int(reason_b[j])]
@@ -410,8 +411,12 @@ class Generator:
         text = self.tokenizer.decode(toks)
         if reason == "stop":
             text, _ = truncate_at_stop(text, cfg.stop)
-        spec = cfg.grammar[j if index is None else index] if isinstance(cfg.grammar, tuple) else cfg.grammar
-        # Only a complete text can be judged (a cut one is incomplete JSON by construction).
-        check = spec is not None and reason in ("eos", "grammar", "closed", "stop")
-        return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason,
-                          violation=spec.violation(text) if check else None)
+        return Completion(prompt=prompt, text=text, tokens=toks, finish_reason=reason)
+
+
+def _checked(c: Completion, spec: GrammarSpec | None) -> Completion:
+    """``c`` with its `violation` filled in where its grammar left JSON Schema keywords unenforced. Only a complete
+    text is judged (a cut one is incomplete JSON by construction)."""
+    if spec is not None and c.finish_reason in ("eos", "grammar", "closed", "stop"):
+        c.violation = spec.violation(c.text)
+    return c

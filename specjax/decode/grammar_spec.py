@@ -128,15 +128,13 @@ class GrammarSpec:
         keywords left unenforced can produce such text; any other spec returns None without checking."""
         if not self.unenforced_at():
             return None
-        import jsonschema  # a dependency, imported only where outputs need checking
-
         try:
             instance = json.loads(text)
         except json.JSONDecodeError as e:
             return f"not JSON ({e.msg} at character {e.pos})"
-        schema = json.loads(self.source)
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        import jsonschema  # a dependency, imported only where outputs need checking
+
+        error = jsonschema.exceptions.best_match(_validator(self).iter_errors(instance))
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path)
@@ -146,6 +144,15 @@ class GrammarSpec:
         return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,
                               max_states=self.max_states, timeout=self.timeout, max_ignore=self.max_ignore,
                               eos_ids=eos_ids)
+
+
+@functools.lru_cache(maxsize=64)
+def _validator(spec: GrammarSpec):
+    """The schema's jsonschema validator (its own draft), built once per spec rather than once per output."""
+    import jsonschema
+
+    schema = json.loads(spec.source)
+    return jsonschema.validators.validator_for(schema)(schema)
 
 
 @functools.lru_cache(maxsize=64)

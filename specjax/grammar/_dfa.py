@@ -100,12 +100,20 @@ def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
         count = new_count
 
 
-def _predecessors(t_full: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of "which states move into state x": (preds, starts), preds[starts[x]:starts[x + 1]]."""
-    n, k = t_full.shape
-    dst = t_full.reshape(-1)
+def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of "which states move into state x" over the edges ``trans >= 0``: (preds, starts), the predecessors
+    of x being ``preds[starts[x]:starts[x + 1]]``."""
+    src, _ = np.nonzero(trans >= 0)
+    dst = trans[trans >= 0].astype(np.int64)
     order = np.argsort(dst, kind="stable")
-    return (order // k).astype(np.int64), np.searchsorted(dst[order], np.arange(n + 1))
+    return src[order].astype(np.int64), np.searchsorted(dst[order], np.arange(len(trans) + 1))
+
+
+def _predecessors_of(preds: np.ndarray, starts: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """All predecessors of ``states`` (with repeats), gathered from the CSR of :func:`_predecessors`."""
+    counts = starts[states + 1] - starts[states]
+    idx = np.repeat(starts[states] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+    return preds[idx]
 
 
 def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
@@ -158,13 +166,8 @@ def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
         size = np.concatenate([size, counts[~keep]])
         np.subtract.at(size, g_blk[~keep], counts[~keep])
         block_hash = np.concatenate([block_hash, g_hash[~keep]])
-        if not len(changed):
-            cand = changed  # only whole blocks were rehashed: their members' rows changed no one's successor row
-            break
-        lo, hi = starts[changed], starts[changed + 1]
-        total = int((hi - lo).sum())
-        idx = np.repeat(lo - (np.cumsum(hi - lo) - (hi - lo)), hi - lo) + np.arange(total)
-        cand = np.unique(preds[idx])
+        # Only the predecessors of relabelled states have new rows (a rehashed whole block moved no one).
+        cand = np.unique(_predecessors_of(preds, starts, changed))
     return np.unique(part, return_inverse=True)[1].reshape(-1)
 
 
@@ -192,19 +195,12 @@ def coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:
     A breadth-first search backwards from the accepting states over a CSR table of predecessors: each edge is
     looked at once (a whole-table sweep per BFS level took 2.6 of 12 s of one schema's automaton, 9,211 states).
     """
-    n = len(accept)
-    src, _ = np.nonzero(trans >= 0)
-    dst = trans[trans >= 0].astype(np.int64)
-    order = np.argsort(dst, kind="stable")
-    preds, starts = src[order], np.searchsorted(dst[order], np.arange(n + 1))
+    preds, starts = _predecessors(trans)
     alive = accept.astype(bool).copy()
     frontier = np.nonzero(alive)[0]
     while len(frontier):
         _deadline.check()
-        counts = starts[frontier + 1] - starts[frontier]
-        total = int(counts.sum())
-        idx = np.repeat(starts[frontier] - (np.cumsum(counts) - counts), counts) + np.arange(total)
-        cand = preds[idx]
+        cand = _predecessors_of(preds, starts, frontier)
         frontier = np.unique(cand[~alive[cand]])
         alive[frontier] = True
     return alive

@@ -23,7 +23,7 @@ from __future__ import annotations
 from specjax.grammar import _deadline
 from specjax.grammar.errors import GrammarError
 
-__all__ = ["MAX_ALTERNATIVES", "nullable_rules", "remove_left_recursion"]
+__all__ = ["MAX_ALTERNATIVES", "check_no_left_recursion", "nullable_rules", "remove_left_recursion"]
 
 Rules = dict[str, list[tuple[str, ...]]]
 
@@ -52,6 +52,25 @@ def remove_left_recursion(rules: Rules) -> Rules:
     rules = _split_hidden(rules)
     rules = _substitute_indirect(rules)
     return _remove_direct(rules)
+
+
+def check_no_left_recursion(rules: Rules) -> None:
+    """Refuses a grammar in which a rule can still reach itself without consuming input.
+
+    :func:`remove_left_recursion` leaves none, so this only guards the rewrite: a top-down expansion of such a
+    rule would stop at the nesting bound, silently cutting the language.
+    """
+    graph = _starts_with(_left_corners(rules, nullable_rules(rules)))
+    comp = _components(graph)
+    for name in sorted(graph):
+        if back := sorted(m for m in graph[name] if comp[m] == comp[name]):
+            raise GrammarError(f"left recursion through rules {name} and {back[0]} survived the rewrite into "
+                               "iteration; rewrite it as repetition")
+
+
+def _starts_with(corners: dict[str, list[tuple[str, int, int]]]) -> dict[str, set[str]]:
+    """The "starts with" graph of :func:`_left_corners`: rule → the rules an alternative of it may start with."""
+    return {n: {b for b, _, _ in cs} for n, cs in corners.items()}
 
 
 def _left_corners(rules: Rules, nullable: set[str]) -> dict[str, list[tuple[str, int, int]]]:
@@ -123,7 +142,7 @@ def _split_hidden(rules: Rules) -> Rules:
     """Step 1: no left-recursive path passes a nullable prefix (``A: N B x`` → ``A: N' B x | B x``)."""
     nullable = nullable_rules(rules)
     corners = _left_corners(rules, nullable)
-    comp = _components({n: {b for b, _, _ in cs} for n, cs in corners.items()})
+    comp = _components(_starts_with(corners))
     hidden = {(n, k) for n, cs in corners.items() for b, k, i in cs if i > 0 and comp[b] == comp[n]}
     if not hidden:
         return rules
@@ -146,9 +165,7 @@ def _split_hidden(rules: Rules) -> Rules:
 
 def _substitute_indirect(rules: Rules) -> Rules:
     """Step 2: Paull's substitution inside each cycle of the "starts with" graph."""
-    corners = _left_corners(rules, set())  # step 1 left no nullable prefix on a cycle
-    graph = {n: {b for b, _, _ in cs} for n, cs in corners.items()}
-    comp = _components(graph)
+    comp = _components(_starts_with(_left_corners(rules, set())))  # step 1 left no nullable prefix on a cycle
     members: dict[int, list[str]] = {}
     for n in sorted(rules):
         members.setdefault(comp[n], []).append(n)

@@ -28,7 +28,7 @@ from lark import load_grammar as lark_load_grammar
 
 from specjax.grammar import _deadline
 from specjax.grammar._dfa import ByteDFA
-from specjax.grammar._left_recursion import nullable_rules, remove_left_recursion
+from specjax.grammar._left_recursion import check_no_left_recursion, nullable_rules, remove_left_recursion
 from specjax.grammar.errors import GrammarError
 from specjax.grammar.terminals import terminal_dfa
 
@@ -123,7 +123,7 @@ def load_lark(text: str, start: str = "start") -> Cfg:
     rules = {n: [a for a in alts if all(s in productive or s not in rules for s in a)]
              for n, alts in rules.items() if n in productive}
     rules = {n: rules[n] for n in _reachable(rules, start)}
-    _check_hidden_left_recursion(rules, nullable_rules(rules))
+    check_no_left_recursion(rules)
     rules = _factor_alternatives(rules)
     nullable = nullable_rules(rules)
     names = sorted(rules, key=lambda n: (n != start, n))
@@ -287,35 +287,3 @@ def _productive(rules: dict[str, list[tuple[str, ...]]], terminals: set[str]) ->
                 done.add(name)
                 changed = True
     return done
-
-
-def _check_hidden_left_recursion(rules: dict[str, list[tuple[str, ...]]], nullable: set[str]) -> None:
-    """Refuses left recursion that survives direct elimination (through other rules or nullable prefixes).
-
-    A top-down expansion of such a rule would only stop at the nesting bound, silently cutting the
-    language, so it is refused instead.
-    """
-    left: dict[str, set[str]] = {n: set() for n in rules}
-    for name, alts in rules.items():
-        for a in alts:
-            for s in a:
-                if s in rules:
-                    left[name].add(s)
-                if s not in nullable:
-                    break
-    state: dict[str, int] = {}
-
-    def visit(n: str, path: list[str]) -> None:
-        state[n] = 1
-        for m in sorted(left[n]):
-            if state.get(m) == 1:
-                cycle = path[path.index(m):] + [m] if m in path else [n, m]
-                raise GrammarError("unsupported indirect left recursion through rules " + " -> ".join(cycle) +
-                                   "; rewrite it as direct left recursion (A: A x | y) or as repetition")
-            if m not in state:
-                visit(m, path + [m])
-        state[n] = 2
-
-    for n in sorted(rules):
-        if n not in state:
-            visit(n, [n])

@@ -43,6 +43,11 @@ _REFUSAL_WHY = {
 }
 
 
+def _option_keyword(keyword: str) -> str:
+    """The `unenforced` entry covering a refused keyword (minContains and maxContains go with contains)."""
+    return "contains" if keyword in _CONTAINS else keyword
+
+
 @dataclass(frozen=True)
 class JsonSchemaOptions:
     """How the grammar writes JSON.
@@ -111,7 +116,7 @@ def json_schema_grammar(schema: dict | bool, options: JsonSchemaOptions | None =
     try:
         text = compiler.compile()
     except SchemaError as e:
-        kw = "contains" if e.keyword in _CONTAINS else e.keyword
+        kw = _option_keyword(e.keyword)
         if type(e) is not SchemaError or kw not in UNENFORCEABLE:
             raise
         raise SchemaError(e.keyword, e.path, f"{e.why}; unenforced=('{kw}',) leaves it unenforced where it cannot "
@@ -157,8 +162,7 @@ class _Compiler:
     def leave_unenforced(self, error: SchemaError) -> bool:
         """Whether the keyword ``error`` refuses may be dropped where it occurs (``JsonSchemaOptions.unenforced``);
         if so, records where."""
-        kw = "contains" if error.keyword in _CONTAINS else error.keyword
-        if type(error) is not SchemaError or kw not in self.options.unenforced:
+        if type(error) is not SchemaError or _option_keyword(error.keyword) not in self.options.unenforced:
             return False
         self.relaxed.append(f"{error.keyword} at {error.path}")
         return True

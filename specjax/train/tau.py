@@ -67,7 +67,7 @@ class _TokenPromptGenerator(SpeculativeGenerator):
     def _stop_tables(self, stop):
         return None  # no stop strings (they would need the tokenizer's bytes)
 
-    def _completion(self, prompt, out, j: int, cfg: GenerateConfig, index: int | None = None) -> Completion:
+    def _completion(self, prompt, out, j: int, cfg: GenerateConfig) -> Completion:
         out_bn, count_b, _, _ = out
         return Completion(prompt="", text="", tokens=[int(x) for x in out_bn[j, :count_b[j]]], finish_reason="")
 

@@ -8,6 +8,11 @@ grammar's string values differ only in where their closing quote leads, so they 
 state, its helpers (states reached from it whose live transitions all stay among the helpers or come back to
 it), and the transitions among them. States with the same local body form a group; the strings that stay in
 the body are found by one walk of that small automaton per group, and only the others are walked per state.
+
+A state just before a body (no self-loop of its own, some of its classes entering a body: the prefix states of
+a string that must differ from a listed one, copied once per item when ``max_repeat`` unrolls an array) is a
+*feeder*: a string whose first class enters a body and which then stays in it is alive from it. Feeders with
+the same entries form a group, settled by one walk from an entry state that stands for them.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from specjax.grammar.automaton import DEAD
 __all__ = ["Group", "local_body", "loop_groups", "run_chain", "strings_in_body"]
 
 _EXCURSION = 6  # helper states at most this many bytes from the state: a \uXXXX escape is 6 bytes
-# A run group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it pays
-# when its members' run strings (each at least one live pair from each member) add up to more than that.
+# A run or feeder group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it
+# pays when its members' settled strings (each at least one live pair from each member) add up to more than that.
 _MIN_SETTLED = 1 << 18
 
 
@@ -35,37 +40,66 @@ def local_body(trans_sc: np.ndarray, state: int, succ: dict[int, set[int]] | Non
     nothing alive without a walk), and so has the dead state. ``succ`` caches each state's live successors
     across calls.
     """
-    succ = {} if succ is None else succ
+    return _local_body(trans_sc, state, {} if succ is None else succ, _looping(trans_sc))[0]
+
+
+def _looping(trans_sc: np.ndarray) -> np.ndarray:
+    """bool [S]: the states with a self-loop (the dead state's is not one)."""
+    out = (trans_sc == np.arange(len(trans_sc))[:, None]).any(axis=1)
+    out[DEAD] = False
+    return out
+
+
+def _local_body(trans_sc: np.ndarray, state: int, succ: dict[int, set[int]],
+                looping: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """:func:`local_body` and the automaton's state of each body state (``[]`` when it has no body); ``looping``
+    is :func:`_looping` of the automaton."""
 
     def live_successors(q: int) -> set[int]:
         if (out := succ.get(q)) is None:
             out = succ[q] = set(trans_sc[q].tolist()) - {DEAD}
         return out
 
-    row = trans_sc[state]
-    if state == DEAD or not (row == state).any():
-        return np.full((1, trans_sc.shape[1]), -1, np.int32)
+    if not looping[state]:
+        return np.full((1, trans_sc.shape[1]), -1, np.int32), []
+    # Helpers never loop themselves (UTF-8 and escape steps): leaving other loops out keeps the search from
+    # spreading through the grammar around a string (whitespace, other strings), thousands of states in large
+    # automata.
     helpers, frontier = set(), {state}
     for _ in range(_EXCURSION):  # candidates: near the state, reached without passing it again
-        frontier = set().union(*(live_successors(q) for q in frontier)) - {state} - helpers
+        frontier = {q for q in set().union(*(live_successors(q) for q in frontier)) - {state} - helpers
+                    if not looping[q]}
         helpers |= frontier
-    changed = True
-    while changed:  # keep the candidates whose live transitions all stay among them or come back
-        changed = False
-        for u in list(helpers):
-            if not live_successors(u) - {state} <= helpers:
-                helpers.discard(u)
-                changed = True
+    # Keep the candidates whose live transitions all stay among the kept ones or come back: drop every candidate
+    # that can reach, among candidates, one with a transition out (one backward pass; candidate sets reach into
+    # the grammar around a string, thousands of states in large automata, so a repeated scan was quadratic).
+    back: dict[int, list[int]] = {}
+    leaving = []
+    for u in helpers:
+        out = live_successors(u) - {state}
+        if not out <= helpers:
+            leaving.append(u)
+        for v in out & helpers:
+            back.setdefault(v, []).append(u)
+    dropped = set(leaving)
+    while leaving:
+        for u in back.get(leaving.pop(), ()):
+            if u not in dropped:
+                dropped.add(u)
+                leaving.append(u)
+    helpers -= dropped
     order, index = [state], {state: 0}
     for q in order:  # breadth-first, classes in order: a canonical numbering
         for t in trans_sc[q].tolist():
             if t in helpers and t not in index:
                 index[t] = len(order)
                 order.append(t)
-    table = np.full((len(order), trans_sc.shape[1]), -1, np.int32)
-    for i, q in enumerate(order):
-        table[i] = [index.get(t, -1) for t in trans_sc[q].tolist()]
-    return table
+    states = np.asarray(order)
+    by_state = np.argsort(states)
+    nxt = trans_sc[states]
+    pos = np.minimum(np.searchsorted(states[by_state], nxt), len(states) - 1)
+    table = np.where(states[by_state][pos] == nxt, by_state[pos], -1).astype(np.int32)
+    return table, order
 
 
 def strings_in_body(table: np.ndarray, trie: ClassTrie) -> np.ndarray:
@@ -134,42 +168,141 @@ def _key(table: np.ndarray) -> bytes:
 
 
 def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon: int):
-    """Representatives grouped by local body or bounded run: yields :class:`Group` s.
+    """Representatives grouped by local body, bounded run or the bodies they feed: yields :class:`Group` s.
 
     Only the strings a group cannot settle without a walk are walked per member; groups where most strings
-    need a walk walk the shared full trie.
+    need a walk walk the shared full trie. A *feeder* is a state without self-loops whose transitions enter
+    bodies (the prefix states of a string that must differ from a listed one, one per copy of an array's item
+    when ``max_repeat`` unrolls it): a string whose first class enters a body (its state or a helper) and then
+    stays in it is alive, which settles most of the vocabulary for such states.
     """
     nothing = np.full((1, trans_sc.shape[1]), -1, np.int32)  # the body of a state without self-loops
+    bodies = _Bodies(trans_sc)
     groups: dict[bytes, list[int]] = {}
-    tables: dict[bytes, np.ndarray] = {_key(nothing): nothing}
     runs: dict[bytes, tuple[np.ndarray, list[int], list[int]]] = {}
-    succ: dict[int, set[int]] = {}
-    for i, s in enumerate(reps.tolist()):
-        table = local_body(trans_sc, s, succ)
-        if len(table) == 1 and not (table >= 0).any() and (chain := run_chain(trans_sc, s, horizon)) is not None:
+    feeders: dict[bytes, tuple[np.ndarray, list[int]]] = {}
+    looping = bodies.looping  # the states with a body
+    # Cheap tests first, for all representatives at once (most states of a large automaton are neither):
+    rows = trans_sc[reps]
+    may_feed = looping[rows].any(axis=1)
+    ordered = np.sort(rows, axis=1)
+    may_run = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] != DEAD)).any(axis=1)  # 2 classes, 1 target
+    plain = ~(looping[reps] | may_feed | may_run)
+    if plain.any():  # most states of a large automaton: no Python step each
+        groups[_key(nothing)] = np.flatnonzero(plain).tolist()
+    for i in np.flatnonzero(~plain).tolist():
+        s = int(reps[i])
+        if looping[s]:
+            groups.setdefault(bodies.key(s), []).append(i)
+        elif may_feed[i] and (feeds := bodies.feeds(trans_sc[s])) is not None:
+            # before runs: a run into a body settles only its run classes' strings, not the body's UTF-8 and escapes
+            feeders.setdefault(feeds.tobytes(), (feeds, []))[1].append(i)
+        elif may_run[i] and (chain := run_chain(trans_sc, s, horizon)) is not None:
             entry = runs.setdefault(chain[0].tobytes(), (chain[0], [], []))
             entry[1].append(i)
             entry[2].append(chain[1])
         else:
-            groups.setdefault(_key(table), []).append(i)
-            tables.setdefault(_key(table), table)
-    lengths = trie.lengths() if runs else None
-    run_groups = []
-    for run, members, ms in runs.values():
-        inside = trie.strings_within(run)
-        if inside.sum() * len(members) < _MIN_SETTLED:  # spares less walking than its own sub-trie costs
-            groups.setdefault(_key(nothing), []).extend(members)
-            continue
-        sub = np.nonzero(~inside)[0]
-        run_groups.append(Group(np.asarray(members), np.zeros(trie.n_strings, bool), sub, trie.restricted(sub),
-                                np.where(inside, lengths, -1), np.asarray(ms)))
+            groups.setdefault(_key(nothing), []).append(i)
+    settled_groups, unpaid = _run_groups(runs, trie)
+    settled_groups += _feeder_groups(feeders, bodies, trie, unpaid)
+    if unpaid:  # too few strings settled to pay for a sub-trie: these members walk every string
+        groups.setdefault(_key(nothing), []).extend(unpaid)
     everything = np.arange(trie.n_strings)
     for key, members in groups.items():
-        table = tables[key]
+        table = bodies.tables.get(key, nothing)
         stays = strings_in_body(table, trie) if (table >= 0).any() else np.zeros(trie.n_strings, bool)
         sub = np.nonzero(~stays)[0]
         if len(sub) > trie.n_strings // 2:
             yield Group(np.sort(np.asarray(members)), np.zeros(trie.n_strings, bool), everything, trie)
         else:
             yield Group(np.asarray(members), stays, sub, trie.restricted(sub))
-    yield from run_groups
+    yield from settled_groups
+
+
+class _Bodies:
+    """The local bodies met so far, by key, and each body state's place in one table of them all (``body_of``,
+    for feeders: a global index ``offset[body] + body state``)."""
+
+    def __init__(self, trans_sc: np.ndarray):
+        self.trans_sc = trans_sc
+        self.succ: dict[int, set[int]] = {}
+        self.looping = _looping(trans_sc)
+        self.tables: dict[bytes, np.ndarray] = {}
+        self.key_of: dict[int, bytes] = {}  # a looping state → its body's key
+        self.offset: dict[bytes, int] = {}  # a body's key → where its states start in the table of all bodies
+        self.size = 0
+        self.place: dict[tuple[int, int], int] = {}  # (looping state, state of its body) → global index
+
+    def key(self, q: int) -> bytes:
+        """The key of a looping state's body (computed once per state)."""
+        if (key := self.key_of.get(q)) is None:
+            table, order = _local_body(self.trans_sc, q, self.succ, self.looping)
+            key = self.key_of[q] = _key(table)
+            if key not in self.tables:
+                self.tables[key], self.offset[key] = table, self.size
+                self.size += len(table)
+            for j, h in enumerate(order):
+                self.place[q, h] = self.offset[key] + j
+        return key
+
+    def feeds(self, row: np.ndarray) -> np.ndarray | None:
+        """int32 [classes]: the global index of the body state each class enters from a state without self-loops
+        (``row`` its transitions: the body of a looping successor, at its state or one of its helpers), -1 where
+        it enters none; None if no class enters a body."""
+        roots = np.unique(row[self.looping[row]]).tolist()
+        if not roots:
+            return None
+        for r in roots:
+            self.key(r)  # places r's body states
+        feeds = np.full(len(row), -1, np.int32)
+        for q in np.unique(row[row != DEAD]).tolist():
+            feeds[row == q] = next((self.place[r, q] for r in roots if (r, q) in self.place), -1)
+        return feeds
+
+    def walk_table(self) -> np.ndarray:
+        """int64 [2 + size, classes]: the trie walk's table over every body: 0 dead (leaving a body), 1 a feeder's
+        entry (its row is filled per feeder), then the bodies' states."""
+        out = np.zeros((2 + self.size, self.trans_sc.shape[1]), np.int64)
+        for key, table in self.tables.items():
+            lo = 2 + self.offset[key]
+            out[lo:lo + len(table)] = np.where(table >= 0, table.astype(np.int64) + lo, 0)
+        return out
+
+
+def _pays(settled: int, members: int) -> bool:
+    return settled * members >= _MIN_SETTLED
+
+
+def _run_groups(runs, trie: ClassTrie) -> tuple[list[Group], list[int]]:
+    """The run groups that pay for their sub-trie, and the members of those that would not."""
+    lengths = trie.lengths() if runs else None
+    out, unpaid = [], []
+    for run, members, ms in runs.values():
+        inside = trie.strings_within(run)
+        if not _pays(int(inside.sum()), len(members)):
+            unpaid += members
+            continue
+        sub = np.nonzero(~inside)[0]
+        out.append(Group(np.asarray(members), np.zeros(trie.n_strings, bool), sub, trie.restricted(sub),
+                         np.where(inside, lengths, -1), np.asarray(ms)))
+    return out, unpaid
+
+
+def _feeder_groups(feeders, bodies: _Bodies, trie: ClassTrie, unpaid: list[int]) -> list[Group]:
+    """The feeder groups that pay for their sub-trie; the members of the others are appended to ``unpaid``.
+    A feeder's settled strings are one walk from an entry state whose classes lead where the feeder's do."""
+    if not feeders:
+        return []
+    trans = bodies.walk_table()
+    out = []
+    for feeds, members in feeders.values():
+        trans[1] = np.where(feeds >= 0, feeds.astype(np.int64) + 2, 0)
+        settled = np.zeros((1, trie.n_strings), bool)
+        trie.walk(trans, np.ones(1, np.int64), settled)
+        settled = settled[0]
+        if not _pays(int(settled.sum()), len(members)):
+            unpaid += members
+            continue
+        sub = np.nonzero(~settled)[0]
+        out.append(Group(np.asarray(members), settled, sub, trie.restricted(sub)))
+    return out

@@ -12,7 +12,7 @@ import numpy as np
 
 from specjax.grammar import _deadline
 
-__all__ = ["ByteDFA", "byte_classes", "coreachable", "minimal_dfa", "minimize", "row_ids"]
+__all__ = ["ByteDFA", "byte_classes", "coreachable", "minimal_dfa", "minimize", "refine_rounds", "row_ids"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -25,10 +25,17 @@ class ByteDFA:
 
 def byte_classes(trans_nb: np.ndarray) -> tuple[np.ndarray, int]:
     """Bytes that behave alike in every state share a class: returns (class per byte [256], n_classes)."""
-    _, first, cls = np.unique(trans_nb.T, axis=0, return_index=True, return_inverse=True)
-    # Number classes by first byte so the result does not depend on np.unique's row order.
+    cls, first = _column_ids(trans_nb)
+    # Number classes by first byte so the result does not depend on the ids' order.
     rank = np.argsort(np.argsort(first))
-    return rank[cls.reshape(-1)].astype(np.int32), len(first)
+    return rank[cls].astype(np.int32), len(first)
+
+
+def _column_ids(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dense id of each column, first column of each id), equal columns equal ids, exactly. ``np.unique(axis=1)``
+    compares columns as structured records, 0.8 s on a 108,919-state automaton's table; this hashes them."""
+    ids = row_ids(np.ascontiguousarray(table.T).astype(np.int64))
+    return ids, np.unique(ids, return_index=True)[1]
 
 
 def _row_multipliers(k: int) -> np.ndarray:
@@ -62,7 +69,7 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
     n = len(accept)
     sink = n
     t = np.where(trans < 0, sink, trans)
-    t = t[:, np.unique(t, axis=1, return_index=True)[1]]
+    t = t[:, _column_ids(t)[1]]
     part = np.append(accept.astype(np.int64), 2 if dead is None else 0)
     if dead is not None:
         part[dead] = 2  # the dead state is alone (and equal to the sink)
@@ -117,38 +124,63 @@ def _predecessors_of(preds: np.ndarray, starts: np.ndarray, states: np.ndarray) 
 
 
 def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
-    """Hashed Moore refinement with a worklist: each round rehashes only the predecessors of the states that
-    changed block in the round before.
+    """Hashed Moore refinement to the fixpoint with a worklist (:func:`_refine_worklist`, one 64-bit hash per row)."""
+    return _refine_worklist(part, t_full, exact=False)
 
-    Block ids are stable: a block keeps its id and the states whose successor-block row now hashes differently
-    from the block's row leave it, grouped by their hashes (a whole block whose rows all changed alike is only
-    rehashed, and when all of it splits, its largest group keeps the id). So a state's row changes only when a
+
+def refine_rounds(part: np.ndarray, t_full: np.ndarray, rounds: int, absorbing: int | None = None) -> np.ndarray:
+    """At most ``rounds`` Moore rounds from ``part`` (states alike iff they are alike after every string of at most
+    ``rounds`` symbols), exactly: whole successor rows are compared, never hashes. Dense ids.
+
+    ``absorbing``: a state alone in its block whose transitions all lead to itself (a dead state). It never
+    changes block, so the edges into it (most edges of a grammar's automaton) are left out of the worklist's
+    predecessor lists.
+    """
+    if absorbing is not None and not ((t_full[absorbing] == absorbing).all() and (part == part[absorbing]).sum() == 1):
+        raise ValueError(f"state {absorbing} is not absorbing and alone in its block")
+    return _refine_worklist(part, t_full, exact=True, rounds=rounds, absorbing=absorbing)
+
+
+def _refine_worklist(part: np.ndarray, t_full: np.ndarray, exact: bool, rounds: int | None = None,
+                     absorbing: int | None = None) -> np.ndarray:
+    """Moore refinement with a worklist: each round recomputes only the predecessors of the states that changed
+    block in the round before; round k splits exactly as Moore's round k does.
+
+    Block ids are stable: a block keeps its id and the states whose successor-block row now differs from the
+    block's row leave it, grouped by their rows (a whole block whose rows all changed alike only gets its new
+    row, and when all of it splits, its largest group keeps the id). So a state's row changes only when a
     successor moved, and on chain-like automata (length counters, long literals) a round costs its few
     changed states, not the whole table: whole-table Moore rounds were most of a large schema's compile.
+    ``exact=False`` compares one 64-bit hash per row (see :func:`_refine`), ``exact=True`` whole rows.
     """
     n = len(part)
     mult = _row_multipliers(t_full.shape[1])
-    preds, starts = _predecessors(t_full)
+    preds, starts = _predecessors(t_full if absorbing is None else np.where(t_full == absorbing, -1, t_full))
     part = np.unique(part, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    row_hash = lambda states: np.take(part, t_full[states]) @ mult  # noqa: E731 - reads the current `part`
+    # A state's signature: its row of successor blocks (exact), or that row's hash; reads the current `part`.
+    signature = (lambda states: np.take(part, t_full[states])) if exact else \
+        (lambda states: np.take(part, t_full[states]) @ mult)
     everyone = np.arange(n)
     first = np.unique(part, return_index=True)[1]
-    block_hash = row_hash(everyone)[first]  # a block's row: its first member's, the others leave if they differ
+    block_sig = signature(everyone)[first]  # a block's row: its first member's, the others leave if they differ
     size = np.bincount(part)
     cand = everyone
-    while len(cand):
+    while len(cand) and (rounds is None or rounds > 0):
         _deadline.check()
-        h = row_hash(cand)
-        moved_mask = h != block_hash[part[cand]]
+        rounds = None if rounds is None else rounds - 1
+        h = signature(cand)
+        differs = h != block_sig[part[cand]]
+        moved_mask = differs.any(axis=1) if exact else differs
         movers, h = cand[moved_mask], h[moved_mask]
         if not len(movers):
             break
-        order = np.lexsort((h, part[movers]))
-        movers, h, blk = movers[order], h[order], part[movers[order]]
-        starts_g = np.flatnonzero(np.r_[True, (blk[1:] != blk[:-1]) | (h[1:] != h[:-1])])
+        key = row_ids(h) if exact else h  # equal keys iff equal rows
+        order = np.lexsort((key, part[movers]))
+        movers, h, key, blk = movers[order], h[order], key[order], part[movers[order]]
+        starts_g = np.flatnonzero(np.r_[True, (blk[1:] != blk[:-1]) | (key[1:] != key[:-1])])
         counts = np.diff(np.r_[starts_g, len(movers)])
-        g_blk, g_hash = blk[starts_g], h[starts_g]
-        # Groups that take all of their block: the block's largest group keeps the id (only its hash changes).
+        g_blk, g_sig = blk[starts_g], h[starts_g]
+        # Groups that take all of their block: the block's largest group keeps the id (only its row changes).
         moved_per_block = np.bincount(g_blk, weights=counts, minlength=len(size))
         whole = moved_per_block[g_blk] == size[g_blk]
         keep = np.zeros(len(g_blk), bool)
@@ -157,7 +189,7 @@ def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
             best = idx[np.lexsort((-counts[idx], g_blk[idx]))]  # per block, the largest group first
             first_of_block = best[np.r_[True, g_blk[best][1:] != g_blk[best][:-1]]]
             keep[first_of_block] = True
-            block_hash[g_blk[keep]] = g_hash[keep]
+            block_sig[g_blk[keep]] = g_sig[keep]
         new_ids = len(size) + np.cumsum(~keep) - 1
         group_of = np.repeat(np.arange(len(g_blk)), counts)
         relabel = ~keep[group_of]
@@ -165,8 +197,8 @@ def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
         part[changed] = new_ids[group_of[relabel]]
         size = np.concatenate([size, counts[~keep]])
         np.subtract.at(size, g_blk[~keep], counts[~keep])
-        block_hash = np.concatenate([block_hash, g_hash[~keep]])
-        # Only the predecessors of relabelled states have new rows (a rehashed whole block moved no one).
+        block_sig = np.concatenate([block_sig, g_sig[~keep]])
+        # Only the predecessors of relabelled states have new rows (a block that only got a new row moved no one).
         cand = np.unique(_predecessors_of(preds, starts, changed))
     return np.unique(part, return_inverse=True)[1].reshape(-1)
 

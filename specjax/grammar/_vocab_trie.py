@@ -107,9 +107,9 @@ class ClassTrie:
 
     def restricted(self, strings: np.ndarray) -> ClassTrie:
         """The sub-trie holding only the given strings (sorted ids), renumbered 0… in that order."""
-        position = np.full(self.n_strings, -1, np.int64)
+        position = np.full(self.n_strings + 1, -1, np.int64)  # the last entry: "no string ends here" (-1) stays -1
         position[strings] = np.arange(len(strings))
-        ends = [np.where(e >= 0, position[np.maximum(e, 0)], -1) for e in self.end_string]
+        ends = np.split(position[np.concatenate(self.end_string)], np.cumsum([len(e) for e in self.end_string[:-1]]))
         need = [e >= 0 for e in ends]
         for k in range(len(need) - 1, 0, -1):  # a node is needed if a kept string ends at or below it
             need[k - 1][self.parent[k][need[k]]] = True
@@ -128,7 +128,15 @@ class ClassTrie:
 
     def walk(self, trans_sc: np.ndarray, states: np.ndarray, alive: np.ndarray) -> None:
         """Sets ``alive[i, j]`` (bool [len(states), ≥ n_strings], zeros) iff string j walked from ``states[i]``
-        never reaches state 0, the dead state; ``trans_sc`` [S, classes] is the next state per class.
+        never reaches state 0, the dead state; ``trans_sc`` [S, classes] is the next state per class."""
+        row, string = self.hits(trans_sc, states)
+        alive[row, string] = True
+
+    def hits(self, trans_sc: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (start index, string) pairs such that the string walked from ``states[start]`` never reaches state
+        0, the dead state (int64 arrays); ``trans_sc`` [S, classes] is the next state per class. They come level
+        by level, each level's sorted by (start, string), and string ids grow level by level: a stable sort by
+        start sorts them by (start, string).
 
         Only live (start state, trie node) pairs are carried from level to level: from most states most tokens
         die on their first byte or two, so this is a small fraction of the dense [states, trie nodes] walk.
@@ -138,6 +146,7 @@ class ClassTrie:
         row = np.arange(len(states))  # live pairs: start state (index into states), trie node, current state
         node = np.zeros(len(states), np.int64)
         cur = states.astype(np.int64)
+        out_row, out_string = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # a trie without strings hits none
         for symbol, child_start, end_string in zip(self.symbol, self.child_start, self.end_string, strict=True):
             _deadline.check()
             count = child_start[node + 1] - child_start[node]
@@ -148,9 +157,11 @@ class ClassTrie:
             row, node, cur = row[keep], child[keep], cur[keep]
             ends = end_string[node]
             hit = ends >= 0
-            alive[row[hit], ends[hit]] = True
+            out_row.append(row[hit])
+            out_string.append(ends[hit])
             if len(row) == 0:
                 break
+        return np.concatenate(out_row), np.concatenate(out_string)
 
     def lengths(self) -> np.ndarray:
         """int64 [n_strings]: each string's length in classes."""
@@ -159,12 +170,22 @@ class ClassTrie:
             out[end_string[end_string >= 0]] = k + 1
         return out
 
-    def strings_within(self, allowed_c: np.ndarray) -> np.ndarray:
-        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes)."""
+    def first_symbols(self) -> np.ndarray:
+        """int64 [n_strings]: each string's first class."""
+        out = np.zeros(self.n_strings, np.int64)
+        first = np.zeros(1, np.int64)
+        for k, (symbol, parent, end_string) in enumerate(zip(self.symbol, self.parent, self.end_string, strict=True)):
+            first = symbol.astype(np.int64) if k == 0 else first[parent]
+            out[end_string[end_string >= 0]] = first[end_string >= 0]
+        return out
+
+    def strings_within(self, allowed_c: np.ndarray, skip_first: bool = False) -> np.ndarray:
+        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes); with
+        ``skip_first``, the strings whose classes after the first are all allowed."""
         out = np.zeros(self.n_strings, bool)
         inside = np.ones(1, bool)  # the root
-        for symbol, parent, end_string in zip(self.symbol, self.parent, self.end_string, strict=True):
-            inside = inside[parent] & allowed_c[symbol]
+        for k, (symbol, parent, end_string) in enumerate(zip(self.symbol, self.parent, self.end_string, strict=True)):
+            inside = inside[parent] & (allowed_c[symbol] | (skip_first and k == 0))
             out[end_string[inside & (end_string >= 0)]] = True
             if not inside.any():
                 break

@@ -47,12 +47,16 @@ class ByteAutomaton:
       accept_s: bool [S] whether the text so far is a complete sentence.
       truncated: whether the nesting bounds cut off part of the language.
       raw_states: states of the subset construction, before minimisation.
+      classes: (class per byte int [256], next state per class [S, classes]) as the construction had them:
+        bytes of one class act alike in every state (coarser classes may exist after minimisation); ``trans_sb``
+        is this table with its columns expanded to bytes.
     """
 
     trans_sb: np.ndarray
     accept_s: np.ndarray
     truncated: bool
     raw_states: int
+    classes: tuple[np.ndarray, np.ndarray]
 
 
 def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the grammar",
@@ -98,7 +102,7 @@ def build_automaton(cfg: Cfg, max_depth: int, max_states: int, name: str = "the 
     tgt = trans[src]
     out[ids[src]] = np.where(tgt >= 0, ids[np.maximum(tgt, 0)], DEAD)
     acc[ids[src]] = raw_accept[src]
-    return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept))
+    return ByteAutomaton(builder.expand(out), acc, builder.truncated, len(raw_accept), (builder.byte_cls, out))
 
 
 def _length_bounded(dfa, max_len: int):

@@ -2,7 +2,7 @@
 
 The mask of state ``s`` has bit ``v`` set iff walking token ``v``'s bytes from ``s`` never reaches the dead
 state (the automaton is trimmed, so "not dead" means "can still be completed"). Computing it for 262,144
-tokens from every state is made cheap five ways:
+tokens from every state is made cheap six ways:
 
 * **rows, not states**: two states need the same row iff they agree on "alive after each byte string of
   length ≤ the longest token" and on acceptance (for EOS) — a bounded Moore refinement finds these
@@ -13,8 +13,12 @@ tokens from every state is made cheap five ways:
   only the live (representative, trie node) pairs: from most states most tokens die within a byte or two, so
   this is a few percent of the dense [representatives, trie nodes] walk;
 * **no walk where the answer is known** (``_bodies``): inside a JSON string a token that never leaves the
-  string (its self-loops, UTF-8 and escape helpers) is alive whatever the context, and in a ``maxLength``
-  chain a token of string characters is alive iff it fits; only the other strings are walked per state;
+  string (its self-loops, UTF-8 and escape helpers) is alive whatever the context, so is one that enters such
+  a body from a state just before it and stays there, and in a ``maxLength`` chain a token of string
+  characters is alive iff it fits; only the other strings are walked per state;
+* **sparse hits**: a walk returns the (state, string) pairs left alive, and states with equal sets are found
+  by hashing the sets (checked member by member), not by packing and sorting a dense [states, strings] block
+  (which cost more than the walk on automata of 20,000+ states);
 * **rows in token space**: each distinct row is built from its group's base and its walked strings' tokens
   (or, when sparse, from its alive strings' tokens alone), not by a gather over all V columns.
 """
@@ -25,13 +29,14 @@ import numpy as np
 
 from specjax.grammar import _deadline
 from specjax.grammar._bodies import Group, loop_groups
-from specjax.grammar._dfa import byte_classes, row_ids
+from specjax.grammar._dfa import byte_classes, refine_rounds, row_ids
 from specjax.grammar._vocab_trie import ByteTrie, ClassTrie, ranges
 from specjax.grammar.automaton import DEAD, ByteAutomaton
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
 
-_CHUNK = 256  # representatives walked at once (bounds the live-pair arrays and the [chunk, U] block)
+_CHUNK = 256  # representatives walked at once at first (then sized to about _HITS hits a chunk)
+_HITS = 1 << 21  # hits a chunk aims at: bounds the live-pair and hit arrays (tens of MB)
 
 
 class Vocabulary:
@@ -80,10 +85,8 @@ def pack_bits(bits_rv: np.ndarray) -> np.ndarray:
 
 def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.ndarray]:
     """Deduplicated packed mask rows uint32 [R, ceil(V/32)] and the row of each state int32 [S]."""
-    trans = auto.trans_sb
-    cls_b, n_cls = byte_classes(trans)
-    first = np.unique(cls_b, return_index=True)[1]
-    trans_sc = trans[:, first]
+    cls_b, trans_sc = _classes(auto)
+    n_cls = trans_sc.shape[1]
     state_class = _bounded_classes(trans_sc, auto.accept_s, vocab.max_len)
     reps = np.unique(state_class, return_index=True)[1]
     trie, tok_string = ClassTrie.fold(vocab.trie, cls_b, n_cls)
@@ -91,21 +94,71 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
     row_of_rep = np.zeros(len(reps), np.int64)
     for g in loop_groups(trans_sc, reps, trie, vocab.max_len):
         group = rows.group(g)
-        for lo in range(0, len(g.members), _CHUNK):
+        lo, size = 0, _CHUNK
+        while lo < len(g.members):
             _deadline.check()
-            chunk = g.members[lo:lo + _CHUNK]
-            alive = np.zeros((len(chunk), len(g.walk) + 1), bool)  # + acceptance, for EOS (no copy to append it)
-            alive[:, -1] = auto.accept_s[reps[chunk]]
-            g.trie.walk(trans_sc, reps[chunk], alive)
-            packed = np.packbits(alive, axis=1)
-            if g.run_m is not None:  # a run's bound is part of the row
-                packed = np.concatenate([packed, g.run_m[lo:lo + _CHUNK, None].astype(">u2").view(np.uint8)], 1)
-            keys, first, inverse = np.unique(packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1),
-                                              return_index=True, return_inverse=True)
-            ids = [group.row(key.tobytes(), alive[first[k]], None if g.run_m is None else g.run_m[lo + first[k]])
-                   for k, key in enumerate(keys)]  # one Python step per distinct row, not per state
-            row_of_rep[chunk] = np.asarray(ids, np.int64)[inverse.reshape(-1)]
+            chunk = g.members[lo:lo + size]
+            row, string = g.trie.hits(trans_sc, reps[chunk])
+            accept = auto.accept_s[reps[chunk]]
+            run_m = None if g.run_m is None else g.run_m[lo:lo + size]
+            segments, first, inverse = _distinct_sets(row, string, len(chunk), accept, run_m)
+            ids = [group.row(segments[k], bool(accept[i]), None if run_m is None else int(run_m[i]))
+                   for k, i in enumerate(first)]  # one Python step per distinct row, not per state
+            row_of_rep[chunk] = np.asarray(ids, np.int64)[inverse]
+            lo += len(chunk)
+            # Chunks where few strings stay alive grow (a walk's cost is mostly per trie level, not per pair there:
+            # 29,000 states of one automaton, ~150 hits each); dense ones shrink back, bounding the arrays.
+            size = int(np.clip(len(chunk) * _HITS // max(len(row), 1), _CHUNK // 4, _CHUNK * 32))
     return rows.stack(), row_of_rep[state_class].astype(np.int32)
+
+
+def _classes(auto: ByteAutomaton) -> tuple[np.ndarray, np.ndarray]:
+    """The automaton's byte classes (class per byte, numbered by first byte) and its table over them [S, classes],
+    found by coarsening the construction's classes: their table is a few times narrower than the 256 bytes'
+    (finding classes over the byte table took 0.5 s of an 80,649-state automaton)."""
+    fine_b, fine_sc = auto.classes
+    coarse, _ = byte_classes(fine_sc)  # classes of the fine classes
+    cls_b = coarse[fine_b]
+    rank = np.argsort(np.argsort(np.unique(cls_b, return_index=True)[1]))
+    cls_b = rank[cls_b].astype(np.int32)  # numbered by first byte, as byte_classes does
+    return cls_b, auto.trans_sb[:, np.unique(cls_b, return_index=True)[1]]
+
+
+def _distinct_sets(row: np.ndarray, string: np.ndarray, n: int, accept: np.ndarray, run_m: np.ndarray | None):
+    """Starts that are alike: the same alive strings (``string[row == i]`` for start i), acceptance and bound.
+
+    Returns (the sorted alive strings of each distinct start, its first start, and each start's distinct index).
+    Sets are told apart by an order-free 64-bit hash of their members with their sizes, acceptance and bound,
+    then checked member by member (a collision falls back to comparing the sets' bytes).
+    """
+    # Each trie level's hits come sorted by (start, string) and string ids grow level by level, so a stable sort
+    # by start alone (a radix sort of small ints) sorts by (start, string).
+    order = np.argsort(row.astype(np.int16 if n < 2**15 else np.int64), kind="stable")
+    row, string = row[order], string[order]
+    count = np.bincount(row, minlength=n)
+    start = np.cumsum(count) - count
+    bound = np.zeros(n, np.int64) if run_m is None else run_m
+    ids = row_ids(np.stack([_set_digest(row, string, n), count, accept.astype(np.int64), bound], 1))
+    first = np.unique(ids, return_index=True)[1]
+    rep = first[ids]  # each start's representative: equal keys, so equal counts; compare the members in order
+    if not (string == string[start[rep][row] + np.arange(len(row)) - start[row]]).all():  # a hash collision
+        keys = [string[start[i]:start[i] + count[i]].tobytes() + bytes([int(accept[i])]) + (b"" if run_m is None else
+                int(run_m[i]).to_bytes(8, "little", signed=True)) for i in range(n)]
+        ids = np.unique(np.array(keys, dtype=object), return_inverse=True)[1].reshape(-1)
+        first = np.unique(ids, return_index=True)[1]
+    segments = [string[start[i]:start[i] + count[i]] for i in first]
+    return segments, first, ids.reshape(-1)
+
+
+def _set_digest(row: np.ndarray, string: np.ndarray, n: int) -> np.ndarray:
+    """int64 [n]: an order-free hash of each start's alive strings (``row`` sorted): a sum of mixed ids, wrapping."""
+    mixed = (string + 1) * np.int64(-7046029254386353131)  # an odd 64-bit constant
+    mixed ^= mixed >> 29
+    digest = np.zeros(n, np.int64)
+    if len(row):
+        cut = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+        digest[row[cut]] = np.add.reduceat(mixed, cut)
+    return digest
 
 
 class _TokenRows:
@@ -169,35 +222,28 @@ class _GroupRows:
         self.empty_base = not base.any()
         self.memo: dict[bytes, int] = {}
 
-    def row(self, key: bytes, bits: np.ndarray, run_m: int | None = None) -> int:
-        """The row id for ``bits`` (bool [len(sub) + 1], the last one acceptance) and a run member's bound;
-        ``key`` identifies both."""
+    def row(self, alive: np.ndarray, accept: bool, run_m: int | None = None) -> int:
+        """The row id for the walked strings alive (``alive``: sorted positions in the group's walked strings),
+        acceptance (for EOS) and a run member's bound."""
+        key = alive.tobytes() + bytes([accept]) + (b"" if run_m is None else run_m.to_bytes(8, "little", signed=True))
         j = self.memo.get(key)
         if j is None:
-            alive = np.nonzero(bits[:-1])[0]
             if self.empty_base and len(alive) * 8 < len(self.sub_tok):  # sparse: only the alive strings' tokens
                 row_v = np.zeros(self.rows.size, bool)
                 row_v[self.rows.tokens_of(self.sub[alive])] = True
             else:
+                bits = np.zeros(len(self.sub), bool)
+                bits[alive] = True
                 row_v = self.base.copy()
                 row_v[self.sub_tok] = bits[self.sub_pos]
             if self.run is not None:
                 row_v[self.run[0]] = self.run[1] <= run_m
-            row_v[self.rows.eos] = bits[-1]
+            row_v[self.rows.eos] = accept
             j = self.memo[key] = self.rows.add(row_v)
         return j
 
 
 def _bounded_classes(trans_sc: np.ndarray, accept: np.ndarray, depth: int) -> np.ndarray:
     """States that agree on acceptance and on "alive" after every string of ≤ ``depth`` symbols."""
-    part = (np.arange(len(accept)) != DEAD).astype(np.int64)
-    count = 2
-    for _ in range(depth):
-        _deadline.check()
-        part = row_ids(np.concatenate([part[:, None], part[trans_sc]], axis=1))
-        new = int(part.max()) + 1
-        if new == count:
-            break
-        count = new
+    part = refine_rounds((np.arange(len(accept)) != DEAD).astype(np.int64), trans_sc.astype(np.int64), depth, DEAD)
     return row_ids(np.stack([part, accept.astype(np.int64)], axis=1))
-

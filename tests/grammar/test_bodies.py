@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specjax.grammar import _bodies
 from specjax.grammar._bodies import local_body, loop_groups, run_chain, strings_in_body
 from specjax.grammar._dfa import byte_classes
 from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
@@ -104,3 +105,22 @@ def test_a_body_of_more_than_255_states_is_grouped():
     body = next(g for g in groups if 1 in g.members)
     settled = {pieces[i]: bool(body.stays[tok_string[i]]) for i in range(len(pieces))}
     assert settled == {bytes([0]): True, bytes([5, 0]): True, bytes([5, 5]): False}  # a helper dies on class 5
+
+
+def test_a_state_that_feeds_a_body_settles_what_enters_it_and_stays(monkeypatch):
+    # After '"a' in a string that must not be "ab", every class but 'b' and the quote enters the free string's
+    # body (at its state, or at a helper: UTF-8 lead bytes, the backslash): strings that then stay in the body
+    # need no walk from that state.
+    monkeypatch.setattr(_bodies, "_MIN_SETTLED", 0)  # a feeder group pays here whatever the vocabulary's size
+    auto, trans_sc, trie, tok_string = _setup({"type": "object", "properties": {
+        "k": {"type": "string", "not": {"enum": ["ab"]}}}})
+    state = _state_after(auto, b'{"k":"a')
+    assert not (trans_sc[state] == state).any()  # no self-loop: no body of its own
+    groups = list(loop_groups(trans_sc, np.arange(len(trans_sc)), trie, horizon=48))
+    (g,) = [g for g in groups if state in g.members]
+    settled = {PIECES[i] for i in range(len(PIECES)) if g.stays[tok_string[i]]}
+    assert {b"a", "é".encode(), "日本".encode(), b"\\n", b"abcdefghijk"} <= settled  # (\\u0062 would make "ab")
+    assert not settled & {b"\"", b"\",", b"x\"", b"\"}", b"\\q", "é\"".encode(), b"\xa9"}  # leave the body or die
+    for i, piece in enumerate(PIECES):  # what it settles is alive
+        if g.stays[tok_string[i]]:
+            assert _alive(auto.trans_sb, state, piece), piece

@@ -95,3 +95,43 @@ def test_worklist_refinement_on_chains_equals_the_exact_rounds(n, seed):
     hashed = _dfa._refine(np.append(accept.astype(np.int64), 2), t, exact=False)[:n]
     assert _same_partition(list(hashed), list(want))
     assert _same_partition(list(_dfa.minimize(trans, accept)[0]), list(want))
+
+
+def _naive_rounds(trans: np.ndarray, part: list[int], rounds: int) -> list[int]:
+    """``rounds`` Moore rounds with tuples (every transition defined)."""
+    for _ in range(rounds):
+        sigs = [(part[q], *(part[x] for x in trans[q])) for q in range(len(part))]
+        ids = {s: i for i, s in enumerate(dict.fromkeys(sigs))}
+        part = [ids[s] for s in sigs]
+    return part
+
+
+@settings(deadline=None, max_examples=80)
+@given(dfas, st.integers(0, 6))
+def test_bounded_rounds_equal_plain_rounds(spec, rounds):
+    # The mask tables' "alike after every string of at most L symbols" (tables._bounded_classes): stopping after
+    # L rounds must give Moore's L-th partition, not the fixpoint.
+    trans, accept = _random_dfa(*spec)
+    t = np.where(trans < 0, 0, trans).astype(np.int64)
+    t[0] = 0  # state 0 plays the dead state: absorbing, alone in its block
+    start = [2] + [int(a) for a in accept[1:]]
+    want = _naive_rounds(t, start, rounds)
+    for absorbing in (None, 0):  # leaving the edges into the dead state out of the worklist changes nothing
+        got = _dfa.refine_rounds(np.array(start, np.int64), t, rounds, absorbing)
+        assert _same_partition(list(got), want)
+
+
+def test_bounded_rounds_refuse_a_state_that_is_not_absorbing():
+    t = np.array([[1], [0]], np.int64)
+    with pytest.raises(ValueError, match="not absorbing"):
+        _dfa.refine_rounds(np.array([0, 1], np.int64), t, 3, absorbing=0)
+
+
+def test_bounded_rounds_compare_whole_rows_not_hashes(monkeypatch):
+    # Every row hashing alike would merge everything: the bounded rounds never trust a hash.
+    monkeypatch.setattr(_dfa, "_row_multipliers", lambda k: np.zeros(k, np.int64))
+    trans, accept = _random_dfa(30, 4, 7)
+    t = np.where(trans < 0, 0, trans).astype(np.int64)
+    start = [int(a) for a in accept]
+    got = _dfa.refine_rounds(np.array(start, np.int64), t, 5)
+    assert _same_partition(list(got), _naive_rounds(t, start, 5))

@@ -63,3 +63,37 @@ def test_restricted_keeps_exactly_the_chosen_strings(tokens, n_cls, seed, data):
     within = trie.strings_within(allowed)
     assert [bool(within[i]) for i in range(trie.n_strings)] == [all(allowed[c] for c in by_id[i])
                                                                for i in range(trie.n_strings)]
+
+
+@settings(deadline=None, max_examples=60)
+@given(tokens=tokens_st, n_cls=st.integers(1, 4), seed=st.integers(0, 2**16), data=st.data())
+def test_hits_are_the_live_strings_and_sort_by_start_stably(tokens, n_cls, seed, data):
+    # mask_rows relies on both: the hits are exactly the (start, string) pairs that stay alive, and a stable sort
+    # by start alone orders them by (start, string) (each level sorted, ids growing level by level).
+    cls_b = np.random.default_rng(seed).integers(0, n_cls, 256)
+    trie, _, _ = _fold(tokens, cls_b)
+    chosen = sorted(data.draw(st.sets(st.sampled_from(range(trie.n_strings)), min_size=1)))
+    sub = trie.restricted(np.array(chosen, np.int64))  # the tries the mask tables walk are restricted ones too
+    by_id = {i: s for s, i in _strings(sub).items()}
+    rng = np.random.default_rng(seed + 2)
+    trans = np.where(rng.random((6, n_cls)) < 0.7, rng.integers(0, 6, (6, n_cls)), 0)  # state 0 is dead
+    trans[0] = 0
+    states = rng.integers(0, 6, 5)
+    row, string = sub.hits(trans, states)
+    want = set()
+    for r, q0 in enumerate(states.tolist()):
+        for i, path in by_id.items():
+            q = q0
+            for c in path:
+                q = trans[q, c]
+            if q0 != 0 and q != 0:
+                want.add((r, i))
+    assert set(zip(row.tolist(), string.tolist(), strict=True)) == want and len(row) == len(want)
+    order = np.argsort(row, kind="stable")
+    assert list(zip(row[order].tolist(), string[order].tolist(), strict=True)) == sorted(want)
+
+
+def test_a_trie_without_strings_hits_nothing():
+    trie, _, _ = _fold([b"ab", b"a"], np.zeros(256, np.int64))
+    row, string = trie.restricted(np.zeros(0, np.int64)).hits(np.ones((2, 1), np.int64), np.array([1, 1]))
+    assert row.shape == string.shape == (0,)

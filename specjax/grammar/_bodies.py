@@ -260,11 +260,11 @@ class _Bodies:
         return feeds
 
     def walk_table(self) -> np.ndarray:
-        """int64 [2 + size, classes]: the trie walk's table over every body: 0 dead (leaving a body), 1 a feeder's
-        entry (its row is filled per feeder), then the bodies' states."""
-        out = np.zeros((2 + self.size, self.trans_sc.shape[1]), np.int64)
+        """int64 [1 + size, classes]: the trie walk's table over every body: 0 dead (leaving a body), then the
+        bodies' states (global index i at row 1 + i)."""
+        out = np.zeros((1 + self.size, self.trans_sc.shape[1]), np.int64)
         for key, table in self.tables.items():
-            lo = 2 + self.offset[key]
+            lo = 1 + self.offset[key]
             out[lo:lo + len(table)] = np.where(table >= 0, table.astype(np.int64) + lo, 0)
         return out
 
@@ -290,16 +290,30 @@ def _run_groups(runs, trie: ClassTrie) -> tuple[list[Group], list[int]]:
 
 def _feeder_groups(feeders, bodies: _Bodies, trie: ClassTrie, unpaid: list[int]) -> list[Group]:
     """The feeder groups that pay for their sub-trie; the members of the others are appended to ``unpaid``.
-    A feeder's settled strings are one walk from an entry state whose classes lead where the feeder's do."""
+
+    A feeder's settled strings come from a walk from an entry state whose classes lead where the feeder's do;
+    the feeders that could pay (counting every string whose first class enters a body as settled) are walked
+    together, each from its own entry state.
+    """
     if not feeders:
         return []
-    trans = bodies.walk_table()
-    out = []
+    per_first = np.bincount(trie.first_symbols(), minlength=bodies.trans_sc.shape[1])  # strings by first class
+    maybe = []
     for feeds, members in feeders.values():
-        trans[1] = np.where(feeds >= 0, feeds.astype(np.int64) + 2, 0)
-        settled = np.zeros((1, trie.n_strings), bool)
-        trie.walk(trans, np.ones(1, np.int64), settled)
-        settled = settled[0]
+        if _pays(int(per_first[feeds >= 0].sum()), len(members)):
+            maybe.append((feeds, members))
+        else:
+            unpaid += members
+    if not maybe:
+        return []
+    table = bodies.walk_table()  # row 0 dead, then the bodies' states from row 1
+    entries = np.stack([np.where(feeds >= 0, feeds.astype(np.int64) + 1, 0) for feeds, _ in maybe])
+    entry_states = len(table) + np.arange(len(maybe))
+    row, string = trie.hits(np.concatenate([table, entries]), entry_states)
+    out = []
+    for k, (_, members) in enumerate(maybe):
+        settled = np.zeros(trie.n_strings, bool)
+        settled[string[row == k]] = True
         if not _pays(int(settled.sum()), len(members)):
             unpaid += members
             continue

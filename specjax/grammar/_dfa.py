@@ -75,7 +75,8 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
         part[dead] = 2  # the dead state is alone (and equal to the sink)
         part[sink] = 2
     t_full = np.vstack([t, np.full((1, t.shape[1]), sink)]).astype(np.int64)
-    hashed = _refine(part, t_full, exact=False)
+    # Without a dead state the sink is alone in its block and absorbing: the worklist skips the edges into it.
+    hashed = _refine(part, t_full, exact=False, absorbing=sink if dead is None else None)
     signature = np.concatenate([part[:, None], hashed[t_full]], axis=1)
     first = np.unique(hashed, return_index=True)[1]
     if (signature == signature[first[hashed]]).all():  # a congruence refining acceptance: the minimal partition
@@ -84,19 +85,20 @@ def minimize(trans: np.ndarray, accept: np.ndarray, dead: int | None = None) -> 
     return part[:n], int(part.max()) + 1
 
 
-def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
+def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool, absorbing: int | None = None) -> np.ndarray:
     """Moore rounds until no block splits: the coarsest congruence refining ``part`` (dense ids).
 
     ``exact=False`` tells rows apart by one 64-bit hash per row, checks nothing per round and only recomputes
-    the states whose successors changed block (:func:`_refine_hashed`). A collision can only merge blocks, so
-    the partition is then coarser than or equal to the exact one; if the result is a congruence refining the
+    the states whose successors changed block (:func:`_refine_worklist`; ``absorbing`` as in
+    :func:`refine_rounds`). A collision can only merge blocks, so the partition is then coarser than or equal
+    to the exact one; if the result is a congruence refining the
     initial partition (every block's members start alike and have equal successor blocks, which ``minimize``
     checks once), it is no coarser than the minimal partition (the coarsest such congruence) and no finer, so it
     is the minimal one. Only if that check fails does ``minimize`` rerun the rounds exactly (``row_ids``
     comparing whole rows every round).
     """
     if not exact:
-        return _refine_hashed(part, t_full)
+        return _refine_worklist(part, t_full, exact=False, absorbing=absorbing)
     count = len(np.unique(part))
     while True:
         _deadline.check()
@@ -110,10 +112,12 @@ def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool) -> np.ndarray:
 def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSR of "which states move into state x" over the edges ``trans >= 0``: (preds, starts), the predecessors
     of x being ``preds[starts[x]:starts[x + 1]]``."""
-    src, _ = np.nonzero(trans >= 0)
-    dst = trans[trans >= 0].astype(np.int64)
-    order = np.argsort(dst, kind="stable")
-    return src[order].astype(np.int64), np.searchsorted(dst[order], np.arange(len(trans) + 1))
+    edge = trans >= 0
+    src, _ = np.nonzero(edge)
+    dst = trans[edge].astype(np.int32)
+    starts = np.zeros(len(trans) + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=len(trans)), out=starts[1:])
+    return src[np.argsort(dst)].astype(np.int64), starts  # the order within a list does not matter
 
 
 def _predecessors_of(preds: np.ndarray, starts: np.ndarray, states: np.ndarray) -> np.ndarray:
@@ -121,11 +125,6 @@ def _predecessors_of(preds: np.ndarray, starts: np.ndarray, states: np.ndarray) 
     counts = starts[states + 1] - starts[states]
     idx = np.repeat(starts[states] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
     return preds[idx]
-
-
-def _refine_hashed(part: np.ndarray, t_full: np.ndarray) -> np.ndarray:
-    """Hashed Moore refinement to the fixpoint with a worklist (:func:`_refine_worklist`, one 64-bit hash per row)."""
-    return _refine_worklist(part, t_full, exact=False)
 
 
 def refine_rounds(part: np.ndarray, t_full: np.ndarray, rounds: int, absorbing: int | None = None) -> np.ndarray:

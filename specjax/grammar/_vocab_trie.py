@@ -134,7 +134,7 @@ class ClassTrie:
 
     def hits(self, trans_sc: np.ndarray, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The (start index, string) pairs such that the string walked from ``states[start]`` never reaches state
-        0, the dead state (int64 arrays); ``trans_sc`` [S, classes] is the next state per class. They come level
+        0, the dead state (int32 arrays); ``trans_sc`` [S, classes] is the next state per class. They come level
         by level, each level's sorted by (start, string), and string ids grow level by level: a stable sort by
         start sorts them by (start, string).
 
@@ -146,7 +146,7 @@ class ClassTrie:
         row = np.arange(len(states))  # live pairs: start state (index into states), trie node, current state
         node = np.zeros(len(states), np.int64)
         cur = states.astype(np.int64)
-        out_row, out_string = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # a trie without strings hits none
+        out_row, out_string = [np.zeros(0, np.int32)], [np.zeros(0, np.int32)]  # a trie without strings hits none
         for symbol, child_start, end_string in zip(self.symbol, self.child_start, self.end_string, strict=True):
             _deadline.check()
             count = child_start[node + 1] - child_start[node]
@@ -157,8 +157,8 @@ class ClassTrie:
             row, node, cur = row[keep], child[keep], cur[keep]
             ends = end_string[node]
             hit = ends >= 0
-            out_row.append(row[hit])
-            out_string.append(ends[hit])
+            out_row.append(row[hit].astype(np.int32))  # int32: a chunk's hits can number tens of millions
+            out_string.append(ends[hit].astype(np.int32))
             if len(row) == 0:
                 break
         return np.concatenate(out_row), np.concatenate(out_string)

@@ -35,7 +35,7 @@ from specjax.grammar.automaton import DEAD, ByteAutomaton
 
 __all__ = ["Vocabulary", "mask_rows", "pack_bits"]
 
-_CHUNK = 256  # representatives walked at once at first (then sized to about _HITS hits a chunk)
+_CHUNK = 64  # representatives walked at once at first, then sized to about _HITS hits a chunk (8 to 8,192)
 _HITS = 1 << 21  # hits a chunk aims at: bounds the live-pair and hit arrays (tens of MB)
 
 
@@ -106,9 +106,9 @@ def mask_rows(auto: ByteAutomaton, vocab: Vocabulary) -> tuple[np.ndarray, np.nd
                    for k, i in enumerate(first)]  # one Python step per distinct row, not per state
             row_of_rep[chunk] = np.asarray(ids, np.int64)[inverse]
             lo += len(chunk)
-            # Chunks where few strings stay alive grow (a walk's cost is mostly per trie level, not per pair there:
-            # 29,000 states of one automaton, ~150 hits each); dense ones shrink back, bounding the arrays.
-            size = int(np.clip(len(chunk) * _HITS // max(len(row), 1), _CHUNK // 4, _CHUNK * 32))
+            # Chunks where few strings stay alive grow (a walk's cost is then mostly per trie level, not per pair:
+            # 29,000 states of one automaton, ~150 hits each); dense ones shrink, bounding the arrays' memory.
+            size = int(np.clip(len(chunk) * _HITS // max(len(row), 1), 8, 8192))
     return rows.stack(), row_of_rep[state_class].astype(np.int32)
 
 

@@ -52,7 +52,8 @@ def test_a_colliding_hash_falls_back_to_the_exact_rounds(monkeypatch, seed):
     # Every row hashing alike merges everything: not a congruence, so minimize must redo the rounds exactly.
     trans, accept = _random_dfa(30, 4, seed)
     real = _dfa._refine
-    monkeypatch.setattr(_dfa, "_refine", lambda part, t, exact: real(part, t, True) if exact else np.zeros_like(part))
+    monkeypatch.setattr(_dfa, "_refine", lambda part, t, exact, absorbing=None: real(part, t, True) if exact
+                        else np.zeros_like(part))
     block, count = _dfa.minimize(trans, accept)
     want, want_count = _naive_blocks(trans, accept)
     assert count == want_count and _same_partition(list(block), want)

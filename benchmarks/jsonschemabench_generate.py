@@ -5,6 +5,7 @@ each compiled (refusals counted apart: `jsonschemabench_coverage.py --compile` m
 chat-templated prompt per schema ("Write one JSON value that follows this JSON Schema ...") decoded greedily
 with the schema's grammar, --new-tokens at most, batch --batch. Reported per file and overall:
 
+* long prompt: skipped, the prompt (which holds the whole schema) is over --max-prompt-chars;
 * finished: the model ended the value itself (finish_reason "eos" or "grammar");
 * closed: the token budget chose the row's last tokens (`GenerateConfig.close_grammar`; "closed");
 * cut: the limit cut the row ("length": only with --no-close, or a budget shorter than the shortest value);
@@ -46,8 +47,11 @@ def is_valid(schema, text: str) -> bool:
 
 def run_file(gen: Generator, name: str, a) -> dict:
     """Compiles the file's first a.limit schemas, generates one value each, and tallies the outcomes."""
-    kept, specs, rows = [], [], load(name)
+    kept, specs, rows, skipped = [], [], load(name), 0
     for row in rows[:a.limit]:
+        if len(prompt_for(row["schema"])) > a.max_prompt_chars:  # the prompt holds the whole schema: prefill-bound
+            skipped += 1
+            continue
         spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"], unenforced=a.unenforced)
         try:
             if a.only_unenforced and not spec.unenforced_at():
@@ -57,7 +61,7 @@ def run_file(gen: Generator, name: str, a) -> dict:
             continue
         kept.append(row)
         specs.append(spec)
-    tally = collections.Counter(schemas=min(a.limit, len(rows)), compiled=len(kept))
+    tally = collections.Counter(schemas=min(a.limit, len(rows)), long=skipped, compiled=len(kept))
     if not kept:
         return tally
     cfg = GenerateConfig(max_new_tokens=a.new_tokens, batch_size=min(a.batch, len(kept)), chat=True,
@@ -81,7 +85,8 @@ def run_file(gen: Generator, name: str, a) -> dict:
 
 def line(name: str, t: dict) -> str:
     done = t["finished"] + t["closed"]
-    return (f"| {name} | {t['schemas']} | {t['compiled']} | {t['finished']} | {t['closed']} | {t['cut']} | "
+    return (f"| {name} | {t['schemas']} | {t['long']} | {t['compiled']} | {t['finished']} | {t['closed']} | "
+            f"{t['cut']} | "
             f"{t['valid']}/{done} | {t['flagged']} | {t['tokens'] / max(t['compiled'], 1):.0f} | "
             f"{t.get('seconds', 0):.0f} |")
 
@@ -98,6 +103,9 @@ def main():
     ap.add_argument("--unenforced", default="", help="keywords to leave unenforced where they cannot be compiled "
                                                      "(GrammarSpec.unenforced), comma-separated")
     ap.add_argument("--only-unenforced", action="store_true", help="only schemas that need --unenforced")
+    ap.add_argument("--max-prompt-chars", type=int, default=16_000,
+                    help="skip schemas whose prompt (it holds the whole schema) is longer: counted as 'long prompt'; "
+                         "a 50 kB schema is a prefill of tens of thousands of tokens per row on a CPU")
     a = ap.parse_args()
     a.unenforced = tuple(k for k in a.unenforced.split(",") if k)
     from specjax.models.loading import load_model
@@ -108,8 +116,8 @@ def main():
           f"{a.new_tokens} new tokens, batch {a.batch}, close={'off' if a.no_close else 'on'}, "
           f"unenforced={','.join(a.unenforced) or '-'}"
           f"{' (only schemas that need it)' if a.only_unenforced else ''}")
-    print("| file | schemas | compiled | finished | closed | cut | valid | flagged | tokens/row | s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| file | schemas | long prompt | compiled | finished | closed | cut | valid | flagged | tokens/row | s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     total = collections.Counter()
     for name in a.files:
         t = run_file(gen, name, a)

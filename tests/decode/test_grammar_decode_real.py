@@ -113,9 +113,10 @@ def test_many_schemas_validate(gen, temperature):
 
     # Batch 8: a step reads the whole 262k-row output head whatever the batch: 8 rows took 1.2x the time of 4.
     # 128 tokens: closing must bring every row to a valid end within a tight budget. 12 schemas (two batches):
-    # 40 (33 compiled, five batches) ran past 25 minutes even at 128 tokens, batch 8 (docs/benchmarks.md: the
-    # grammar path's step cost with 8 stacked real schemas is not understood yet). Breadth, and how often the
-    # model finishes on its own at 512 tokens, is benchmarks/jsonschemabench_generate.py's job.
+    # 40 (33 compiled, five batches) ran past 25 minutes even at 128 tokens, batch 8. The prompt holds the whole
+    # schema and three of those 40 are 23-28 kB of JSON: likely a prefill-bound run (not measured for this test;
+    # docs/benchmarks.md, 33rd session: 49-53 kB schemas kept a batch in prefill for 15 minutes). Breadth, and
+    # how often the model finishes on its own at 512 tokens, is benchmarks/jsonschemabench_generate.py's job.
     valid, cut, out = run_schemas(gen, schemas(limit=12), max_new_tokens=128, batch_size=8,
                                   sampling=SamplingConfig(temperature=temperature, seed=1))
     print(f"{valid} valid ({sum(c.finish_reason == 'closed' for c in out)} closed by the budget), "

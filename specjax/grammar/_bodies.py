@@ -220,7 +220,7 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
 
 
 class _Bodies:
-    """The local bodies met so far, by key, and each body state's place in one table of them all (``body_of``,
+    """The local bodies met so far, by key, and each body state's place in one table of them all (``place``,
     for feeders: a global index ``offset[body] + body state``)."""
 
     def __init__(self, trans_sc: np.ndarray):

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 
 from specjax.grammar import _deadline
+from specjax.grammar._vocab_trie import ranges
 
 __all__ = ["ByteDFA", "byte_classes", "coreachable", "minimal_dfa", "minimize", "refine_rounds", "row_ids"]
 
@@ -91,11 +92,10 @@ def _refine(part: np.ndarray, t_full: np.ndarray, exact: bool, absorbing: int | 
     ``exact=False`` tells rows apart by one 64-bit hash per row, checks nothing per round and only recomputes
     the states whose successors changed block (:func:`_refine_worklist`; ``absorbing`` as in
     :func:`refine_rounds`). A collision can only merge blocks, so the partition is then coarser than or equal
-    to the exact one; if the result is a congruence refining the
-    initial partition (every block's members start alike and have equal successor blocks, which ``minimize``
-    checks once), it is no coarser than the minimal partition (the coarsest such congruence) and no finer, so it
-    is the minimal one. Only if that check fails does ``minimize`` rerun the rounds exactly (``row_ids``
-    comparing whole rows every round).
+    to the exact one; if the result is a congruence refining the initial partition (every block's members start
+    alike and have equal successor blocks, which ``minimize`` checks once), it is no coarser than the minimal
+    partition (the coarsest such congruence) and no finer, so it is the minimal one. Only if that check fails
+    does ``minimize`` rerun the rounds exactly (``row_ids`` comparing whole rows every round).
     """
     if not exact:
         return _refine_worklist(part, t_full, exact=False, absorbing=absorbing)
@@ -122,9 +122,7 @@ def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _predecessors_of(preds: np.ndarray, starts: np.ndarray, states: np.ndarray) -> np.ndarray:
     """All predecessors of ``states`` (with repeats), gathered from the CSR of :func:`_predecessors`."""
-    counts = starts[states + 1] - starts[states]
-    idx = np.repeat(starts[states] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-    return preds[idx]
+    return preds[ranges(starts[states], starts[states + 1] - starts[states])]
 
 
 def refine_rounds(part: np.ndarray, t_full: np.ndarray, rounds: int, absorbing: int | None = None) -> np.ndarray:

@@ -179,13 +179,12 @@ class ClassTrie:
             out[end_string[end_string >= 0]] = first[end_string >= 0]
         return out
 
-    def strings_within(self, allowed_c: np.ndarray, skip_first: bool = False) -> np.ndarray:
-        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes); with
-        ``skip_first``, the strings whose classes after the first are all allowed."""
+    def strings_within(self, allowed_c: np.ndarray) -> np.ndarray:
+        """bool [n_strings]: the strings made only of allowed classes (one pass over the trie's nodes)."""
         out = np.zeros(self.n_strings, bool)
         inside = np.ones(1, bool)  # the root
-        for k, (symbol, parent, end_string) in enumerate(zip(self.symbol, self.parent, self.end_string, strict=True)):
-            inside = inside[parent] & (allowed_c[symbol] | (skip_first and k == 0))
+        for symbol, parent, end_string in zip(self.symbol, self.parent, self.end_string, strict=True):
+            inside = inside[parent] & allowed_c[symbol]
             out[end_string[inside & (end_string >= 0)]] = True
             if not inside.any():
                 break

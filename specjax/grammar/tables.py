@@ -117,11 +117,9 @@ def _classes(auto: ByteAutomaton) -> tuple[np.ndarray, np.ndarray]:
     found by coarsening the construction's classes: their table is a few times narrower than the 256 bytes'
     (finding classes over the byte table took 0.5 s of an 80,649-state automaton)."""
     fine_b, fine_sc = auto.classes
-    coarse, _ = byte_classes(fine_sc)  # classes of the fine classes
-    cls_b = coarse[fine_b]
-    rank = np.argsort(np.argsort(np.unique(cls_b, return_index=True)[1]))
-    cls_b = rank[cls_b].astype(np.int32)  # numbered by first byte, as byte_classes does
-    return cls_b, auto.trans_sb[:, np.unique(cls_b, return_index=True)[1]]
+    coarse, _ = byte_classes(fine_sc)  # classes of the fine classes, numbered by first fine class
+    # The fine classes are numbered by first byte, so the coarse ones are too, as byte_classes numbers them.
+    return coarse[fine_b], fine_sc[:, np.unique(coarse, return_index=True)[1]]
 
 
 def _distinct_sets(row: np.ndarray, string: np.ndarray, n: int, accept: np.ndarray, run_m: np.ndarray | None):
@@ -142,12 +140,17 @@ def _distinct_sets(row: np.ndarray, string: np.ndarray, n: int, accept: np.ndarr
     first = np.unique(ids, return_index=True)[1]
     rep = first[ids]  # each start's representative: equal keys, so equal counts; compare the members in order
     if not (string == string[start[rep][row] + np.arange(len(row)) - start[row]]).all():  # a hash collision
-        keys = [string[start[i]:start[i] + count[i]].tobytes() + bytes([int(accept[i])]) + (b"" if run_m is None else
-                int(run_m[i]).to_bytes(8, "little", signed=True)) for i in range(n)]
+        keys = [_set_key(string[start[i]:start[i] + count[i]], bool(accept[i]), None if run_m is None else
+                         int(run_m[i])) for i in range(n)]
         ids = np.unique(np.array(keys, dtype=object), return_inverse=True)[1].reshape(-1)
         first = np.unique(ids, return_index=True)[1]
     segments = [string[start[i]:start[i] + count[i]] for i in first]
     return segments, first, ids.reshape(-1)
+
+
+def _set_key(alive: np.ndarray, accept: bool, run_m: int | None) -> bytes:
+    """The exact identity of a start's row: its alive strings, acceptance and a run member's bound."""
+    return alive.tobytes() + bytes([accept]) + (b"" if run_m is None else run_m.to_bytes(8, "little", signed=True))
 
 
 def _set_digest(row: np.ndarray, string: np.ndarray, n: int) -> np.ndarray:
@@ -225,7 +228,7 @@ class _GroupRows:
     def row(self, alive: np.ndarray, accept: bool, run_m: int | None = None) -> int:
         """The row id for the walked strings alive (``alive``: sorted positions in the group's walked strings),
         acceptance (for EOS) and a run member's bound."""
-        key = alive.tobytes() + bytes([accept]) + (b"" if run_m is None else run_m.to_bytes(8, "little", signed=True))
+        key = _set_key(alive, accept, run_m)
         j = self.memo.get(key)
         if j is None:
             if self.empty_base and len(alive) * 8 < len(self.sub_tok):  # sparse: only the alive strings' tokens

@@ -90,3 +90,16 @@ def test_coreachable_equals_the_fixpoint(seed):
             break
         alive = step
     assert (coreachable(trans, accept) == alive).all()
+
+
+@pytest.mark.parametrize("name", list(GRAMMARS))
+def test_classes_from_the_construction_equal_classes_over_the_byte_table(name):
+    # mask_rows coarsens the subset construction's classes instead of comparing 256 byte columns: the same
+    # classes, numbered the same way (by first byte), and the same table over them.
+    from specjax.grammar._dfa import byte_classes
+
+    auto = build_automaton(load_lark(GRAMMARS[name]), 3, 100_000)
+    want_b, n = byte_classes(auto.trans_sb)
+    got_b, got_sc = tables._classes(auto)
+    assert (got_b == want_b).all() and got_sc.shape[1] == n
+    assert (got_sc == auto.trans_sb[:, np.unique(want_b, return_index=True)[1]]).all()

@@ -13,6 +13,9 @@ A state just before a body (no self-loop of its own, some of its classes enterin
 a string that must differ from a listed one, copied once per item when ``max_repeat`` unrolls an array) is a
 *feeder*: a string whose first class enters a body and which then stays in it is alive from it. Feeders with
 the same entries form a group, settled by one walk from an entry state that stands for them.
+
+A ``maxLength`` string is a chain of states without self-loops, one per character; its groups (a chain step's
+states and their helpers) are in ``_chains``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ import dataclasses
 
 import numpy as np
 
+from specjax.grammar._chains import Chains, counted_strings, excursions
 from specjax.grammar._vocab_trie import ClassTrie
 from specjax.grammar.automaton import DEAD
 
-__all__ = ["Group", "local_body", "loop_groups", "run_chain", "strings_in_body"]
+__all__ = ["Group", "local_body", "loop_groups", "strings_in_body"]
 
-_EXCURSION = 6  # helper states at most this many bytes from the state: a \uXXXX escape is 6 bytes
-# A run or feeder group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it
+# A chain or feeder group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it
 # pays when its members' settled strings (each at least one live pair from each member) add up to more than that.
 _MIN_SETTLED = 1 << 18
 
@@ -54,52 +57,9 @@ def _local_body(trans_sc: np.ndarray, state: int, succ: dict[int, set[int]],
                 looping: np.ndarray) -> tuple[np.ndarray, list[int]]:
     """:func:`local_body` and the automaton's state of each body state (``[]`` when it has no body); ``looping``
     is :func:`_looping` of the automaton."""
-
-    def live_successors(q: int) -> set[int]:
-        if (out := succ.get(q)) is None:
-            out = succ[q] = set(trans_sc[q].tolist()) - {DEAD}
-        return out
-
     if not looping[state]:
         return np.full((1, trans_sc.shape[1]), -1, np.int32), []
-    # Helpers never loop themselves (UTF-8 and escape steps): leaving other loops out keeps the search from
-    # spreading through the grammar around a string (whitespace, other strings), thousands of states in large
-    # automata.
-    helpers, frontier = set(), {state}
-    for _ in range(_EXCURSION):  # candidates: near the state, reached without passing it again
-        frontier = {q for q in set().union(*(live_successors(q) for q in frontier)) - {state} - helpers
-                    if not looping[q]}
-        helpers |= frontier
-    # Keep the candidates whose live transitions all stay among the kept ones or come back: drop every candidate
-    # that can reach, among candidates, one with a transition out (one backward pass; candidate sets reach into
-    # the grammar around a string, thousands of states in large automata, so a repeated scan was quadratic).
-    back: dict[int, list[int]] = {}
-    leaving = []
-    for u in helpers:
-        out = live_successors(u) - {state}
-        if not out <= helpers:
-            leaving.append(u)
-        for v in out & helpers:
-            back.setdefault(v, []).append(u)
-    dropped = set(leaving)
-    while leaving:
-        for u in back.get(leaving.pop(), ()):
-            if u not in dropped:
-                dropped.add(u)
-                leaving.append(u)
-    helpers -= dropped
-    order, index = [state], {state: 0}
-    for q in order:  # breadth-first, classes in order: a canonical numbering
-        for t in trans_sc[q].tolist():
-            if t in helpers and t not in index:
-                index[t] = len(order)
-                order.append(t)
-    states = np.asarray(order)
-    by_state = np.argsort(states)
-    nxt = trans_sc[states]
-    pos = np.minimum(np.searchsorted(states[by_state], nxt), len(states) - 1)
-    table = np.where(states[by_state][pos] == nxt, by_state[pos], -1).astype(np.int32)
-    return table, order
+    return excursions(trans_sc, state, state, succ, looping)
 
 
 def strings_in_body(table: np.ndarray, trie: ClassTrie) -> np.ndarray:
@@ -113,36 +73,6 @@ def strings_in_body(table: np.ndarray, trie: ClassTrie) -> np.ndarray:
     return alive[0]
 
 
-def run_chain(trans_sc: np.ndarray, state: int, horizon: int) -> tuple[np.ndarray, int] | None:
-    """A bounded run from a state without self-loops: (run classes bool [C], m), or None.
-
-    The run classes all lead from the state to one next state, from there all to one next, and so on for m
-    steps, after which they all lead to the dead state (a string value with ``maxLength``: one state per
-    character left). So a string made only of run classes is alive iff its length is at most m. m is
-    ``horizon`` (no token is longer) when the run goes on that far or comes back to a state it passed.
-    """
-    row = trans_sc[state]
-    live = row[row != DEAD]
-    if len(live) < 2:
-        return None
-    targets, counts = np.unique(live, return_counts=True)
-    if counts.max() < 2:
-        return None
-    run = row == targets[counts.argmax()]
-    seen, q = {state}, state
-    for m in range(horizon):
-        t = trans_sc[q][run]
-        if t[0] == DEAD:
-            return (run, m) if (t == DEAD).all() else None
-        if not (t == t[0]).all():
-            return None
-        q = int(t[0])
-        if q in seen:
-            return run, horizon
-        seen.add(q)
-    return run, horizon
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Group:
     """States whose rows are built alike.
@@ -151,8 +81,8 @@ class Group:
       members: indices into the representatives.
       stays: bool [U] strings alive from every member without a walk.
       walk: the strings walked from each member (sorted ids), and ``trie`` those strings' trie.
-      run_length: for run groups, int64 [U]: the length of each string made only of run classes, else -1;
-        such a string is alive from member i iff its length is at most ``run_m[i]``.
+      run_length: for chain groups (``_chains``), int64 [U]: each string's starts (characters it begins) if it
+        stays in the chain's step, else -1; such a string is alive from member i iff that is at most ``run_m[i]``.
     """
 
     members: np.ndarray
@@ -168,7 +98,7 @@ def _key(table: np.ndarray) -> bytes:
 
 
 def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon: int):
-    """Representatives grouped by local body, bounded run or the bodies they feed: yields :class:`Group` s.
+    """Representatives grouped by local body, chain step or the bodies they feed: yields :class:`Group` s.
 
     Only the strings a group cannot settle without a walk are walked per member; groups where most strings
     need a walk walk the shared full trie. A *feeder* is a state without self-loops whose transitions enter
@@ -178,37 +108,50 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
     """
     nothing = np.full((1, trans_sc.shape[1]), -1, np.int32)  # the body of a state without self-loops
     bodies = _Bodies(trans_sc)
-    groups: dict[bytes, list[int]] = {}
-    runs: dict[bytes, tuple[np.ndarray, list[int], list[int]]] = {}
+    groups: dict[bytes, list[int]] = {_key(nothing): []}
     feeders: dict[bytes, tuple[np.ndarray, list[int]]] = {}
     looping = bodies.looping  # the states with a body
+    chains = Chains(trans_sc, looping, bodies.key, horizon, bodies.succ)
     # Cheap tests first, for all representatives at once (most states of a large automaton are neither):
     rows = trans_sc[reps]
     may_feed = looping[rows].any(axis=1)
     ordered = np.sort(rows, axis=1)
     may_run = ((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] != DEAD)).any(axis=1)  # 2 classes, 1 target
     plain = ~(looping[reps] | may_feed | may_run)
-    if plain.any():  # most states of a large automaton: no Python step each
-        groups[_key(nothing)] = np.flatnonzero(plain).tolist()
+    rest = np.flatnonzero(plain).tolist()  # most states of a large automaton: no Python step each
     for i in np.flatnonzero(~plain).tolist():
         s = int(reps[i])
         if looping[s]:
             groups.setdefault(bodies.key(s), []).append(i)
         elif may_feed[i] and (feeds := bodies.feeds(trans_sc[s])) is not None:
-            # before runs: a run into a body settles only its run classes' strings, not the body's UTF-8 and escapes
+            # before chains: a chain into a body settles only its own characters, not the body's
             feeders.setdefault(feeds.tobytes(), (feeds, []))[1].append(i)
-        elif may_run[i] and (chain := run_chain(trans_sc, s, horizon)) is not None:
-            entry = runs.setdefault(chain[0].tobytes(), (chain[0], [], []))
-            entry[1].append(i)
-            entry[2].append(chain[1])
         else:
-            groups.setdefault(_key(nothing), []).append(i)
-    settled_groups, unpaid = _run_groups(runs, trie)
+            rest.append(i)
+    # Chains first from the states with the most targets (a position: its next one, helpers, a closing quote),
+    # which records their helpers (one target: the next position), so that no helper is searched as a chain.
+    targets = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(axis=1)
+    for i in sorted((i for i in rest if may_run[i]), key=lambda i: -targets[i]):
+        if int(reps[i]) not in chains.helpers:
+            chains.bound(int(reps[i]))
+    runs: dict[tuple[bytes, int], tuple[list[int], list[int]]] = {}  # (step, its row) → (members, bounds)
+    for i in rest:  # chain states, their helpers (UTF-8, escapes), and the plain states
+        s = int(reps[i])
+        if (at := chains.helpers.get(s)) is None and (b := chains.bound(s) if may_run[i] else None) is not None:
+            at = (b[0], 0, b[1])
+        if at is None:
+            groups[_key(nothing)].append(i)
+        else:
+            entry = runs.setdefault(at[:2], ([], []))
+            entry[0].append(i)
+            entry[1].append(at[2])
+    settled_groups, unpaid = _run_groups(runs, chains, trie)
     settled_groups += _feeder_groups(feeders, bodies, trie, unpaid)
-    if unpaid:  # too few strings settled to pay for a sub-trie: these members walk every string
-        groups.setdefault(_key(nothing), []).extend(unpaid)
+    groups[_key(nothing)] += unpaid  # too few strings settled to pay for a sub-trie: these members walk every one
     everything = np.arange(trie.n_strings)
     for key, members in groups.items():
+        if not members:
+            continue
         table = bodies.tables.get(key, nothing)
         stays = strings_in_body(table, trie) if (table >= 0).any() else np.zeros(trie.n_strings, bool)
         sub = np.nonzero(~stays)[0]
@@ -273,18 +216,30 @@ def _pays(settled: int, members: int) -> bool:
     return settled * members >= _MIN_SETTLED
 
 
-def _run_groups(runs, trie: ClassTrie) -> tuple[list[Group], list[int]]:
-    """The run groups that pay for their sub-trie, and the members of those that would not."""
-    lengths = trie.lengths() if runs else None
+def _run_groups(runs, chains: Chains, trie: ClassTrie) -> tuple[list[Group], list[int]]:
+    """The chain groups that pay for their sub-trie, and the members of those that would not.
+
+    A group is the members at one row of one chain step (row 0: the chain's states; others: their helpers).
+    """
+    by_step: dict[bytes, list[tuple[int, list[int], list[int]]]] = {}
+    for (key, row), (members, bounds) in runs.items():
+        by_step.setdefault(key, []).append((row, members, bounds))
     out, unpaid = [], []
-    for run, members, ms in runs.values():
-        inside = trie.strings_within(run)
-        if not _pays(int(inside.sum()), len(members)):
-            unpaid += members
+    for key, parts in by_step.items():
+        table = chains.tables[key]
+        # One-byte characters alone, a cheap lower bound of what row 0 settles: skip steps that cannot pay.
+        if not _pays(int(trie.strings_within(table[0] == 0).sum()), sum(len(m) for _, m, _ in parts)):
+            unpaid += [i for _, members, _ in parts for i in members]
             continue
-        sub = np.nonzero(~inside)[0]
-        out.append(Group(np.asarray(members), np.zeros(trie.n_strings, bool), sub, trie.restricted(sub),
-                         np.where(inside, lengths, -1), np.asarray(ms)))
+        starts = counted_strings(table, [row for row, _, _ in parts], trie)
+        for (_, members, bounds), starts_u in zip(parts, starts, strict=True):
+            inside = starts_u >= 0
+            if not _pays(int(inside.sum()), len(members)):
+                unpaid += members
+                continue
+            sub = np.nonzero(~inside)[0]
+            out.append(Group(np.asarray(members), np.zeros(trie.n_strings, bool), sub, trie.restricted(sub),
+                             starts_u, np.asarray(bounds)))
     return out, unpaid
 
 

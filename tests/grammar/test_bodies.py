@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from specjax.grammar import _bodies
-from specjax.grammar._bodies import local_body, loop_groups, run_chain, strings_in_body
+from specjax.grammar._bodies import _looping, local_body, loop_groups, strings_in_body
+from specjax.grammar._chains import Chains, counted_strings
 from specjax.grammar._dfa import byte_classes
 from specjax.grammar._vocab_trie import ByteTrie, ClassTrie
 from specjax.grammar.automaton import DEAD, build_automaton
@@ -62,16 +63,46 @@ def test_a_json_string_body_holds_utf8_and_escapes_and_they_stay_alive():
     assert not stays[tok_string[PIECES.index(b"\\q")]] and not stays[tok_string[PIECES.index(b'"')]]
 
 
-def test_a_max_length_chain_is_one_run_with_its_remaining_length():
+def test_a_max_length_chain_counts_characters_not_bytes():
     auto, trans_sc, trie, tok_string = _setup({"type": "object", "properties": {
-        "a": {"type": "string", "maxLength": 5}}})
+        "a": {"type": "string", "minLength": 1, "maxLength": 5}}})
     first = _state_after(auto, b'{"a":"')
     assert (trans_sc[first] == first).sum() == 0  # no self-loops: the body shortcut does not apply
-    run, m = run_chain(trans_sc, first, horizon=48)
+    looping = _looping(trans_sc)
+    chains = Chains(trans_sc, looping, lambda q: local_body(trans_sc, q).tobytes(), 48, {})
+    key, m = chains.bound(first)
     assert m == 5
-    assert run_chain(trans_sc, _state_after(auto, b'{"a":"xy'), horizon=48)[1] == 3
-    for piece in (b"ab", b"a", b"abcdefghijk"):  # run strings: alive iff no longer than the run
-        assert _alive(auto.trans_sb, first, piece) == (len(piece) <= m)
+    assert chains.bound(_state_after(auto, b'{"a":"xy')) == (key, 3)
+    assert chains.bound(_state_after(auto, '{"a":"é'.encode())) == (key, 4)  # 2 bytes, 1 character
+    table = chains.tables[key]
+    assert len(table) > 1, "no helpers: UTF-8 characters and escapes would be walked from every position"
+    rows = sorted({row for _, row, _ in chains.helpers.values()})
+    starts = counted_strings(table, [0] + rows, trie)
+    for at, text in [(0, b'{"a":"'), (0, b'{"a":"ab\\n'), (1, '{"a":"x\xc3'.encode("latin-1"))]:
+        state = _state_after(auto, text)
+        if at:  # a helper: after the UTF-8 lead byte
+            key_h, row, bound = chains.helpers[state]
+            assert key_h == key and bound == 5 - 1 - 1  # after "x" and a lead byte: 3 more characters
+            counts, limit = starts[1 + rows.index(row)], bound
+        else:
+            counts, limit = starts[0], chains.bound(state)[1]
+        for i, piece in enumerate(PIECES):
+            n = counts[tok_string[i]]
+            if n >= 0:  # it stays in the step: alive iff it starts few enough characters
+                assert _alive(auto.trans_sb, state, piece) == (n <= limit), (text, piece)
+    assert starts[0][tok_string[PIECES.index("日本".encode())]] == 2  # 6 bytes, 2 characters
+    assert starts[0][tok_string[PIECES.index(b"\\n")]] == 1  # an escape is one character
+    assert starts[0][tok_string[PIECES.index(b'"')]] == -1  # the closing quote leaves the step
+
+
+def test_a_chain_longer_than_the_horizon_is_bounded_at_every_position():
+    # Followed from its first state, a chain is cut off after ``horizon`` positions: the states past the cut
+    # must still get their own bound, not the first ones' (bounds are memoised, so the order of calls matters).
+    auto, trans_sc, _, _ = _setup({"type": "object", "properties": {"a": {"type": "string", "maxLength": 12}}})
+    chains = Chains(trans_sc, _looping(trans_sc), lambda q: local_body(trans_sc, q).tobytes(), 5, {})
+    states = [_state_after(auto, b'{"a":"' + b"x" * k) for k in range(13)]
+    assert [chains.bound(q)[1] for q in states[:12]] == [min(5, 12 - k) for k in range(12)]
+    assert chains.bound(states[12]) is None  # the last position starts no character
 
 
 def test_groups_cover_every_representative_once():

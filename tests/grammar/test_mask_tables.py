@@ -28,6 +28,9 @@ GRAMMARS = {
     "hex runs": 'start: /[0-9a-f]{6}-[0-9a-f]{3}/ | "x"\n',
     "strings not listed": json_schema_to_lark({"type": "array", "maxItems": 3, "items": {
         "type": "string", "not": {"enum": ["ab", "xy"]}}}),  # prefix states that feed a string body
+    # chains longer than the longest token, of characters of 1-3 bytes and escapes (steps with helpers)
+    "long bounded strings": json_schema_to_lark({"type": "array", "maxItems": 2, "items": {
+        "type": "string", "minLength": 1, "maxLength": 12}}),
 }
 ALPHABET = b'{}[]",:abcdfxy 0123456789\\\t-.e'
 
@@ -36,7 +39,8 @@ def _vocab(rng: random.Random, extra: bytes = b"") -> list[bytes]:
     pieces = [b"", b""] + [bytes([c]) for c in ALPHABET + extra]
     while len(pieces) < 400:  # multi-byte tokens: quotes inside, after and around free text
         pieces.append(bytes(rng.choice(ALPHABET + extra) for _ in range(rng.randint(2, 7))))
-    pieces += ["é".encode(), "é\"".encode(), b"\xc3", b"\xa9"]
+    pieces += ["é".encode(), "é\"".encode(), b"\xc3", b"\xa9", "aé".encode(), "日本".encode(), "é\\n".encode(),
+               "\"éé".encode(), "é日".encode(), b"\xe6", b"\x97\xa5"]
     return list(dict.fromkeys(pieces))
 
 

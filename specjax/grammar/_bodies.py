@@ -33,6 +33,9 @@ __all__ = ["Group", "local_body", "loop_groups", "strings_in_body"]
 # A chain or feeder group of its own costs a sub-trie and a token index (~10 ms, the walk of ~200k live pairs); it
 # pays when its members' settled strings (each at least one live pair from each member) add up to more than that.
 _MIN_SETTLED = 1 << 18
+# A state is searched as a chain position only if the strings whose first class is live from it could pay for the
+# search (~80 µs, the walk of ~2,700 live pairs): UTF-8 and escape helpers, digits of a number are not.
+_MIN_CHAIN_STRINGS = 1 << 12
 
 
 def local_body(trans_sc: np.ndarray, state: int, succ: dict[int, set[int]] | None = None) -> np.ndarray:
@@ -131,6 +134,9 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
     # Chains first from the states with the most targets (a position: its next one, helpers, a closing quote),
     # which records their helpers (one target: the next position), so that no helper is searched as a chain.
     targets = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(axis=1)
+    per_first = _per_first(trie, trans_sc.shape[1]) if may_run.any() or feeders else None
+    if may_run.any():
+        may_run &= (rows != DEAD).astype(np.int64) @ per_first >= _MIN_CHAIN_STRINGS
     for i in sorted((i for i in rest if may_run[i]), key=lambda i: -targets[i]):
         if int(reps[i]) not in chains.helpers:
             chains.bound(int(reps[i]))
@@ -146,7 +152,7 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
             entry[0].append(i)
             entry[1].append(at[2])
     settled_groups, unpaid = _run_groups(runs, chains, trie)
-    settled_groups += _feeder_groups(feeders, bodies, trie, unpaid)
+    settled_groups += _feeder_groups(feeders, bodies, trie, per_first, unpaid)
     groups[_key(nothing)] += unpaid  # too few strings settled to pay for a sub-trie: these members walk every one
     everything = np.arange(trie.n_strings)
     for key, members in groups.items():
@@ -212,6 +218,11 @@ class _Bodies:
         return out
 
 
+def _per_first(trie: ClassTrie, n_cls: int) -> np.ndarray:
+    """int64 [classes]: how many strings start with each class."""
+    return np.bincount(trie.first_symbols(), minlength=n_cls)
+
+
 def _pays(settled: int, members: int) -> bool:
     return settled * members >= _MIN_SETTLED
 
@@ -243,16 +254,16 @@ def _run_groups(runs, chains: Chains, trie: ClassTrie) -> tuple[list[Group], lis
     return out, unpaid
 
 
-def _feeder_groups(feeders, bodies: _Bodies, trie: ClassTrie, unpaid: list[int]) -> list[Group]:
+def _feeder_groups(feeders, bodies: _Bodies, trie: ClassTrie, per_first: np.ndarray | None,
+                   unpaid: list[int]) -> list[Group]:
     """The feeder groups that pay for their sub-trie; the members of the others are appended to ``unpaid``.
 
     A feeder's settled strings come from a walk from an entry state whose classes lead where the feeder's do;
-    the feeders that could pay (counting every string whose first class enters a body as settled) are walked
-    together, each from its own entry state.
+    the feeders that could pay (counting every string whose first class enters a body as settled, from
+    ``per_first``: :func:`_per_first`) are walked together, each from its own entry state.
     """
     if not feeders:
         return []
-    per_first = np.bincount(trie.first_symbols(), minlength=bodies.trans_sc.shape[1])  # strings by first class
     maybe = []
     for feeds, members in feeders.values():
         if _pays(int(per_first[feeds >= 0].sum()), len(members)):

@@ -131,26 +131,9 @@ def loop_groups(trans_sc: np.ndarray, reps: np.ndarray, trie: ClassTrie, horizon
             feeders.setdefault(feeds.tobytes(), (feeds, []))[1].append(i)
         else:
             rest.append(i)
-    # Chains first from the states with the most targets (a position: its next one, helpers, a closing quote),
-    # which records their helpers (one target: the next position), so that no helper is searched as a chain.
-    targets = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(axis=1)
     per_first = _per_first(trie, trans_sc.shape[1]) if may_run.any() or feeders else None
-    if may_run.any():
-        may_run &= (rows != DEAD).astype(np.int64) @ per_first >= _MIN_CHAIN_STRINGS
-    for i in sorted((i for i in rest if may_run[i]), key=lambda i: -targets[i]):
-        if int(reps[i]) not in chains.helpers:
-            chains.bound(int(reps[i]))
-    runs: dict[tuple[bytes, int], tuple[list[int], list[int]]] = {}  # (step, its row) → (members, bounds)
-    for i in rest:  # chain states, their helpers (UTF-8, escapes), and the plain states
-        s = int(reps[i])
-        if (at := chains.helpers.get(s)) is None and (b := chains.bound(s) if may_run[i] else None) is not None:
-            at = (b[0], 0, b[1])
-        if at is None:
-            groups[_key(nothing)].append(i)
-        else:
-            entry = runs.setdefault(at[:2], ([], []))
-            entry[0].append(i)
-            entry[1].append(at[2])
+    runs, others = _chain_members(chains, reps, rows, ordered, may_run, rest, per_first)
+    groups[_key(nothing)] += others
     settled_groups, unpaid = _run_groups(runs, chains, trie)
     settled_groups += _feeder_groups(feeders, bodies, trie, per_first, unpaid)
     groups[_key(nothing)] += unpaid  # too few strings settled to pay for a sub-trie: these members walk every one
@@ -218,6 +201,38 @@ class _Bodies:
         return out
 
 
+def _chain_members(chains: Chains, reps: np.ndarray, rows: np.ndarray, ordered: np.ndarray, may_run: np.ndarray,
+                   candidates: list[int], per_first: np.ndarray | None):
+    """Chain positions and their helpers among ``candidates`` (indices into ``reps``; ``rows`` their transitions,
+    ``ordered`` sorted): ({(step key, step row): (members, bounds)}, the other candidates).
+
+    A state is searched as a position only if the strings whose first class is live from it could pay for the
+    search. Positions are searched first from the states with the most targets (a position: its next one,
+    helpers, a closing quote), which records their helpers (one target: the next position), so that no helper is
+    searched as a position.
+    """
+    if may_run.any():
+        may_run = may_run & ((rows != DEAD).astype(np.int64) @ per_first >= _MIN_CHAIN_STRINGS)
+    targets = 1 + (ordered[:, 1:] != ordered[:, :-1]).sum(axis=1)
+    for i in sorted((i for i in candidates if may_run[i]), key=lambda i: -targets[i]):
+        if int(reps[i]) not in chains.helpers:
+            chains.bound(int(reps[i]))
+    runs: dict[tuple[bytes, int], tuple[list[int], list[int]]] = {}
+    others = []
+    for i in candidates:
+        s = int(reps[i])
+        at = chains.helpers.get(s)
+        if at is None and may_run[i] and (b := chains.bound(s)) is not None:
+            at = (b[0], 0, b[1])
+        if at is None:
+            others.append(i)
+        else:
+            entry = runs.setdefault(at[:2], ([], []))
+            entry[0].append(i)
+            entry[1].append(at[2])
+    return runs, others
+
+
 def _per_first(trie: ClassTrie, n_cls: int) -> np.ndarray:
     """int64 [classes]: how many strings start with each class."""
     return np.bincount(trie.first_symbols(), minlength=n_cls)
@@ -236,13 +251,17 @@ def _run_groups(runs, chains: Chains, trie: ClassTrie) -> tuple[list[Group], lis
     for (key, row), (members, bounds) in runs.items():
         by_step.setdefault(key, []).append((row, members, bounds))
     out, unpaid = [], []
+    lengths = trie.lengths() if by_step else None
     for key, parts in by_step.items():
         table = chains.tables[key]
         # One-byte characters alone, a cheap lower bound of what row 0 settles: skip steps that cannot pay.
-        if not _pays(int(trie.strings_within(table[0] == 0).sum()), sum(len(m) for _, m, _ in parts)):
+        within = trie.strings_within(table[0] == 0)
+        if not _pays(int(within.sum()), sum(len(m) for _, m, _ in parts)):
             unpaid += [i for _, members, _ in parts for i in members]
             continue
-        starts = counted_strings(table, [row for row, _, _ in parts], trie)
+        # Without helpers a string's starts are its length (and it stays iff made of one-byte characters).
+        starts = np.where(within, lengths, -1)[None] if len(table) == 1 else \
+            counted_strings(table, [row for row, _, _ in parts], trie)
         for (_, members, bounds), starts_u in zip(parts, starts, strict=True):
             inside = starts_u >= 0
             if not _pays(int(inside.sum()), len(members)):

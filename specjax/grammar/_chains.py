@@ -92,8 +92,6 @@ def counted_strings(table: np.ndarray, rows: list[int], trie) -> np.ndarray:
     One dense pass over the trie's levels for all rows at once (a step has a dozen rows; nearly every string of
     a free-text body stays in it, so carrying only live pairs would save little).
     """
-    if len(table) == 1:  # one-byte characters only: a string's starts are its length
-        return np.where(trie.strings_within(table[0] == 0), trie.lengths(), -1)[None]
     out = np.full((len(rows), trie.n_strings), -1, np.int64)
     t = table.astype(np.int64)
     cur = np.asarray(rows, np.int64)[:, None]  # [rows, nodes of the level above]: step row, or -1 (left)

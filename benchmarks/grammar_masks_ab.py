@@ -1,9 +1,9 @@
 """A/B of the mask-table builder (``tables.mask_rows``): an older ``tables.py`` against the working tree's.
 
 Both builders run on the same automata (first ``--limit`` rows of each JSONSchemaBench ``_dev`` file, decode
-defaults: strict objects, ``max_repeat`` 16; Gemma 3 vocabulary), interleaved per schema in one process, and
-every state's mask must be identical (row numbering may differ). Prints CPU seconds per schema, p50, totals
-and the median per-schema ratio.
+defaults (``GrammarSpec``'s: strict objects, ``max_repeat``, ``max_digits``); Gemma 3 vocabulary), interleaved
+per schema in one process, and every state's mask must be identical (row numbering may differ). Prints CPU
+seconds per schema, p50, totals and the median per-schema ratio.
 
     git show <commit>:specjax/grammar/tables.py > /tmp/tables_old.py
     python benchmarks/grammar_masks_ab.py /tmp/tables_old.py --limit 20
@@ -25,13 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jsonschemabench_coverage import DEV_FILES, load  # noqa: E402
 
+from specjax.decode import GrammarSpec  # noqa: E402
 from specjax.grammar import _deadline  # noqa: E402
 from specjax.grammar import tables as new  # noqa: E402
 from specjax.grammar.automaton import build_automaton  # noqa: E402
 from specjax.grammar.compiler import vocabulary_of  # noqa: E402
 from specjax.grammar.errors import GrammarError  # noqa: E402
 from specjax.grammar.frontend import load_lark  # noqa: E402
-from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark  # noqa: E402
+from specjax.grammar.json_schema import SchemaError, json_schema_to_lark  # noqa: E402
 
 
 def _timed(fn, *args):
@@ -56,7 +57,7 @@ def main() -> None:
     for name in DEV_FILES:
         for row in load(name)[: args.limit]:
             try:
-                text = json_schema_to_lark(row["schema"], JsonSchemaOptions(strict_objects=True, max_repeat=16))
+                text = json_schema_to_lark(row["schema"], GrammarSpec("json_schema", "{}").json_schema_options())
                 with _deadline.deadline(10.0):
                     auto = build_automaton(load_lark(text, "start"), 3, 200_000)
             except (SchemaError, GrammarError):

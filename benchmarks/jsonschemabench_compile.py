@@ -9,6 +9,7 @@ machine wall time says more about the neighbours than about the compiler.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gc
 import json
 import os
@@ -31,12 +32,13 @@ def _on_alarm(signum, frame):
 def _specjax_compile(schema, tokenizer, decode_defaults: bool,
                      unenforced: tuple[str, ...] = ()) -> tuple[str, str | None]:
     """("compiled" | "refused", refusal keyword); raises _Alarm past the limit."""
+    from specjax.decode import GrammarSpec
     from specjax.grammar import GrammarError, GrammarOptions, compile_grammar
     from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
 
-    try:  # decode_defaults: GrammarSpec's (strict objects, max_repeat=16) instead of the exact language
-        options = dict(strict_objects=True, max_repeat=16) if decode_defaults else {}
-        text = json_schema_to_lark(schema, JsonSchemaOptions(**options, unenforced=unenforced))
+    try:  # decode_defaults: GrammarSpec's (strict objects, max_repeat, max_digits) instead of the exact language
+        options = GrammarSpec("json_schema", "{}").json_schema_options() if decode_defaults else JsonSchemaOptions()
+        text = json_schema_to_lark(schema, dataclasses.replace(options, unenforced=unenforced))
         compile_grammar(text, tokenizer, GrammarOptions(cache=False))
         return "compiled", None
     except SchemaError as e:

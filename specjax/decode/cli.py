@@ -47,7 +47,8 @@ def grammar_spec(opts: DecodeOptions) -> GrammarSpec | None:
     options = {"max_depth": opts.grammar_max_depth, "start": opts.grammar_start,
                "whitespace": opts.json_whitespace, "max_whitespace": opts.json_max_whitespace,
                "strict_objects": opts.json_strict_objects, "unknown_formats": opts.json_unknown_formats,
-               "max_repeat": opts.json_max_repeat, "unenforced": tuple(str(k) for k in opts.json_unenforced),
+               "max_repeat": opts.json_max_repeat, "max_digits": opts.json_max_digits,
+               "unenforced": tuple(str(k) for k in opts.json_unenforced),
                "max_states": opts.grammar_max_states, "timeout": opts.grammar_timeout,
                "max_ignore": opts.grammar_max_ignore}
     if key == "regex":

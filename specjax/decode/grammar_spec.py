@@ -52,6 +52,8 @@ class GrammarSpec:
         most of the compile time. False gives the schema's exact language.
       max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
         per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
+      max_digits: JSON Schema only: each digit run a number may extend without limit is cut at this many digits
+        (`JsonSchemaOptions.max_digits`; 20 keeps every 64-bit integer), so a number ends; None: unbounded (exact).
       unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
       unenforced: JSON Schema only: keywords (of `json_schema.UNENFORCEABLE`: uniqueItems, oneOf, contains,
         pattern, maxLength, propertyNames) to leave unenforced where they cannot be compiled exactly, instead of
@@ -71,6 +73,7 @@ class GrammarSpec:
     max_whitespace: int = 8
     strict_objects: bool = True
     max_repeat: int | None = 16
+    max_digits: int | None = 20
     unknown_formats: str = "refuse"
     unenforced: tuple[str, ...] = ()
     max_states: int = 200_000
@@ -90,6 +93,8 @@ class GrammarSpec:
             raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
         if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
             raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
+        if self.max_digits is not None and (not isinstance(self.max_digits, int) or self.max_digits < 1):
+            raise GrammarSpecError(f"max_digits must be a positive integer or None, got {self.max_digits!r}")
         if not isinstance(self.unenforced, tuple):
             raise GrammarSpecError(f"unenforced must be a tuple of JSON Schema keywords, got {self.unenforced!r}")
         if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:
@@ -140,6 +145,12 @@ class GrammarSpec:
         where = "/".join(str(p) for p in error.absolute_path)
         return f"at /{where}: {_one_line(error.message)[:200]}"
 
+    def json_schema_options(self) -> JsonSchemaOptions:
+        """How this spec's JSON Schema is written as a grammar (the JSON Schema front-end's options)."""
+        return JsonSchemaOptions(whitespace=self.whitespace, max_whitespace=self.max_whitespace,
+                                 strict_objects=self.strict_objects, unknown_formats=self.unknown_formats,
+                                 max_repeat=self.max_repeat, max_digits=self.max_digits, unenforced=self.unenforced)
+
     def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:
         return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,
                               max_states=self.max_states, timeout=self.timeout, max_ignore=self.max_ignore,
@@ -171,9 +182,7 @@ def _front_end(spec: GrammarSpec) -> tuple[str, tuple[str, ...]]:
             raise GrammarSpecError(f"{spec.where}: a JSON Schema must be an object or a boolean, "
                                    f"got {type(schema).__name__}")
         with deadline(spec.timeout):  # the compile time limit covers the schema front-end too
-            return json_schema_grammar(schema, JsonSchemaOptions(
-                whitespace=spec.whitespace, max_whitespace=spec.max_whitespace, strict_objects=spec.strict_objects,
-                unknown_formats=spec.unknown_formats, max_repeat=spec.max_repeat, unenforced=spec.unenforced))
+            return json_schema_grammar(schema, spec.json_schema_options())
     except (SchemaError, RegexError, GrammarError) as e:
         raise GrammarSpecError(f"{spec.where}: {_one_line(e)}") from None
 

@@ -126,6 +126,7 @@ class DecodeOptions:
     json_max_whitespace: int = _GRAMMAR["max_whitespace"]
     json_strict_objects: bool = _GRAMMAR["strict_objects"]
     json_max_repeat: int | None = _GRAMMAR["max_repeat"]
+    json_max_digits: int | None = _GRAMMAR["max_digits"]
     json_unknown_formats: str = _GRAMMAR["unknown_formats"]
     json_unenforced: list[str] = dataclasses.field(default_factory=lambda: list(_GRAMMAR["unenforced"]))
     grammar_max_states: int = _GRAMMAR["max_states"]

@@ -53,7 +53,7 @@ class GrammarSpec:
       max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
         per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
       max_digits: JSON Schema only: each digit run a number may extend without limit is cut at this many digits
-        (`JsonSchemaOptions.max_digits`; 20 keeps every 64-bit integer), so a number ends; None: unbounded (exact).
+        (`JsonSchemaOptions.max_digits`; 20 keeps every 64-bit integer and double), so a number ends; None: exact.
       unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
       unenforced: JSON Schema only: keywords (of `json_schema.UNENFORCEABLE`: uniqueItems, oneOf, contains,
         pattern, maxLength, propertyNames) to leave unenforced where they cannot be compiled exactly, instead of

@@ -24,7 +24,7 @@ from interegular.fsm import FSM, Alphabet, anything_else
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar._json_schema_logic import SchemaError
-from specjax.grammar._json_text import _MAX_SAFE, NUMBER_REGEX
+from specjax.grammar._json_text import _MAX_SAFE, number_regex
 from specjax.grammar._regex_fsm import TooLarge, _minimal, fsm_rules
 from specjax.grammar._regex_ranges import (
     FLOAT_DIGITS,
@@ -61,7 +61,7 @@ class NumberEmitter:
             regexes = [_dyadic(step)] + self._decimal_bounds(lo, lo_excl, hi, hi_excl, path)
             return self._number_rules(path, regexes, None, "multipleOf")
         if lo is None and hi is None:
-            return f"/{self._capped(NUMBER_REGEX)}/"
+            return f"/{number_regex(self.c.options.max_digits)}/"
         if all(b is None or float(b).is_integer() and abs(b) <= _MAX_SAFE for b in (lo, hi)):
             alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
             return " | ".join(f"/{self._capped(a)}/" for a in alts or []) or None

@@ -26,8 +26,7 @@ from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_merge import merge
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import TypeEmitter
-from specjax.grammar._json_text import NUMBER_REGEX
-from specjax.grammar._regex_ranges import cap_digit_runs
+from specjax.grammar._json_text import number_regex
 
 __all__ = ["UNENFORCEABLE", "JsonSchemaOptions", "SchemaError", "json_schema_grammar", "json_schema_to_lark"]
 
@@ -66,9 +65,10 @@ class JsonSchemaOptions:
         values (`{}`) stay unbounded: a counter per nesting level would multiply the automaton; so do arrays
         whose items may hold one (the counter copies the item's automaton once per position).
       max_digits: cut every run of digits that a number may extend without limit at this many digits (a free
-        integer then has at most ``max_digits`` + 1 digits, a fraction or an exponent at most ``max_digits``; a
-        bound's own digits are kept); None: unbounded (exact). Narrower, still sound: it ends the runaway numbers
-        (``1234567890…``) a model may write where nothing bounds them, as ``max_repeat`` ends arrays.
+        integer then has at most ``max_digits`` + 1 digits, a fraction at most ``max_digits``, an exponent at most
+        3, all a double needs; a bound's own digits are kept); None: unbounded (exact). Narrower, still sound:
+        it ends the runaway numbers (``1234567890…``) a model may write where nothing bounds them, as
+        ``max_repeat`` ends arrays. Each digit a run may hold is a state wherever the number appears.
       strict_objects: True: never generate properties outside `properties` (+ required), even
         where the schema allows them (narrower than the schema, still sound; xgrammar's default).
       unenforced: keywords of `UNENFORCEABLE` to leave unenforced *where* they cannot be compiled exactly, instead
@@ -256,7 +256,7 @@ class _Compiler:
         if "any_value" not in self.rules:
             w, char = self.ws, cs.json_class_text(cs.ANY)
             string = f"/{cs.QUOTE}{char}*{cs.QUOTE}/"
-            number = f"/{cap_digit_runs(NUMBER_REGEX, self.options.max_digits)}/"
+            number = f"/{number_regex(self.options.max_digits)}/"
             self.rules["any_value"] = f'any_object | any_array | {string} | {number} | "true" | "false" | "null"'
             self.rules["any_object"] = (f'"{{"{w} (any_pair ({w} ","{w} any_pair)*)?{w} "}}"')
             self.rules["any_pair"] = f'{string}{w} ":"{w} any_value'

@@ -317,7 +317,8 @@ def test_max_digits_makes_every_number_finite_and_narrower(name):
 
 
 def test_max_digits_counts_each_part():
-    """A free integer keeps max_digits + 1 digits, a fraction and an exponent max_digits; a bound's own digits stay."""
+    """A free integer keeps max_digits + 1 digits, a fraction max_digits, an exponent min(max_digits, 3); a
+    bound's own digits stay."""
     def parses(schema, text):
         return _parses(_parser(json_schema_to_lark(schema, JsonSchemaOptions(max_digits=3))), text)
 
@@ -327,5 +328,7 @@ def test_max_digits_counts_each_part():
     assert parses({"type": "integer", "minimum": 123456}, "1234567")  # one digit past the bound's width
     assert not parses({"type": "integer", "minimum": 123456}, "12345678")
     assert parses({}, "[1234,{\"a\":-0.125}]") and not parses({}, "[12345]")
+    twenty = _parser(json_schema_to_lark({"type": "number"}, JsonSchemaOptions(max_digits=20)))
+    assert _parses(twenty, "-18446744073709551615.00000000000000000001e-324") and not _parses(twenty, "1e1000")
     with pytest.raises(ValueError, match="max_digits must be >= 1"):
         JsonSchemaOptions(max_digits=0)

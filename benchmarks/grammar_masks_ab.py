@@ -1,7 +1,7 @@
 """A/B of the mask-table builder (``tables.mask_rows``): an older ``tables.py`` against the working tree's.
 
 Both builders run on the same automata (first ``--limit`` rows of each JSONSchemaBench ``_dev`` file, decode
-defaults (``GrammarSpec``'s: strict objects, ``max_repeat``, ``max_digits``); Gemma 3 vocabulary), interleaved
+defaults (``GrammarSpec``'s: strict objects, ``max_repeat``); Gemma 3 vocabulary), interleaved
 per schema in one process, and every state's mask must be identical (row numbering may differ). Prints CPU
 seconds per schema, p50, totals and the median per-schema ratio.
 

@@ -36,7 +36,7 @@ def _specjax_compile(schema, tokenizer, decode_defaults: bool,
     from specjax.grammar import GrammarError, GrammarOptions, compile_grammar
     from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
 
-    try:  # decode_defaults: GrammarSpec's (strict objects, max_repeat, max_digits) instead of the exact language
+    try:  # decode_defaults: GrammarSpec's (strict objects, max_repeat) instead of the exact language
         options = GrammarSpec("json_schema", "{}").json_schema_options() if decode_defaults else JsonSchemaOptions()
         text = json_schema_to_lark(schema, dataclasses.replace(options, unenforced=unenforced))
         compile_grammar(text, tokenizer, GrammarOptions(cache=False))

@@ -95,8 +95,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="compile to device tables and time it (Gemma 3 vocab)")
     ap.add_argument("--peers", default="none", help="with --compile: 'llguidance' or 'none'")
     ap.add_argument("--decode-defaults", action="store_true",
-                    help="with --compile: GrammarSpec defaults (strict objects, max_repeat, max_digits), not the exact "
-                         "language")
+                    help="with --compile: GrammarSpec defaults (strict objects, max_repeat), not the exact language")
     ap.add_argument("--limit-s", type=float, default=60.0, help="with --compile: CPU-time limit per schema")
     ap.add_argument("--unenforced", default="", help="with --compile: keywords to leave unenforced where they cannot "
                                                      "be compiled (JsonSchemaOptions.unenforced), comma-separated")

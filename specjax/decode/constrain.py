@@ -18,6 +18,12 @@ each row's grammar state. The loops call three things per token, all pure and ji
 
 Compiling a new program per grammar would cost seconds per schema, so :func:`prepare` pads the tables
 to power-of-two sizes and clears their static metadata: grammars of similar size share one program.
+
+**Digit runs** (`grammar.digit_guard`; a grammar with a digit bound, JSON Schema's ``max_digits``): a row's
+state then also counts the digit-only tokens it emitted in a row, in the high bits of the same int32
+(``state | run << 24``; a dead state is 0 whatever the count), so the loops carry nothing new. Once the count
+reaches the bound, a digit-loop state masks digit-only tokens and the row leaves the run. Every function here
+takes and returns that packed form; without a bound the packed form is the plain state.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from flax import struct
 
 from specjax.decode.shapes import bucket
 from specjax.grammar.closing import UNREACHABLE, byte_tokens, closing_tables
-from specjax.grammar.runtime import GrammarTables, advance, allowed, mask_logits, stack_grammars
+from specjax.grammar.digit_guard import digit_loop_states, digit_tokens
+from specjax.grammar.runtime import GrammarTables, advance, allowed_words, stack_grammars, unpack_words
+from specjax.grammar.tables import pack_bits
 
 __all__ = ["BatchGrammar", "close", "close_block", "closing_of", "draft_states", "mask", "prepare", "step",
            "vocab_byte_tokens"]
@@ -45,6 +53,9 @@ class BatchGrammar:
       state_b: int32 [B] each row's state before its first generated token (0 for padding rows).
       dist_s, close_s: int32 [S] single-byte tokens to the nearest accepting state and the token starting
         that way (`grammar.closing`), or None when rows are not closed within the budget.
+      bound_s: int32 [S] the digit bound of each digit-loop state (0 elsewhere), or None when no grammar of
+        the batch bounds digit runs (states are then plain, see the module docstring).
+      digit_w: uint32 [ceil(V/32)] the digit-only tokens, packed as the masks; digit_v: bool [V] the same.
     """
 
     tables: GrammarTables
@@ -52,6 +63,39 @@ class BatchGrammar:
     state_b: jax.Array
     dist_s: jax.Array | None = None
     close_s: jax.Array | None = None
+    bound_s: jax.Array | None = None
+    digit_w: jax.Array | None = None
+    digit_v: jax.Array | None = None
+
+
+_RUN_SHIFT = 24  # state | run << 24: states below 2**24 (a [S, 256] int32 table of 16 GiB)
+_RUN_MAX = 127  # counts saturate here (the sign bit stays clear); bounds are at most this
+MAX_DIGIT_BOUND = _RUN_MAX
+
+
+def _state(grammar: BatchGrammar, gram_b: jax.Array) -> jax.Array:
+    """The DFA state of packed row states."""
+    return gram_b if grammar.bound_s is None else gram_b & ((1 << _RUN_SHIFT) - 1)
+
+
+def _advance(grammar: BatchGrammar, gram_b: jax.Array, tok_b: jax.Array) -> jax.Array:
+    """Packed states after each row emits its token (the run grows on a digit-only token, else restarts)."""
+    new_b = advance(grammar.tables, _state(grammar, gram_b), tok_b)
+    if grammar.bound_s is None:
+        return new_b
+    run_b = jnp.where(grammar.digit_v[tok_b], jnp.minimum((gram_b >> _RUN_SHIFT) + 1, _RUN_MAX), 0)
+    return jnp.where(new_b == 0, 0, new_b | (run_b << _RUN_SHIFT))
+
+
+def _allowed(grammar: BatchGrammar, gram_b: jax.Array) -> jax.Array:
+    """bool [B, V]: the tokens each packed row state allows (digit-only ones masked at a run's bound)."""
+    state_b = _state(grammar, gram_b)
+    words_bw = allowed_words(grammar.tables, state_b)
+    if grammar.bound_s is not None:
+        bound_b = grammar.bound_s[state_b]
+        stop_b = (bound_b > 0) & ((gram_b >> _RUN_SHIFT) >= bound_b)
+        words_bw = jnp.where(stop_b[:, None], words_bw & ~grammar.digit_w[None, :], words_bw)
+    return unpack_words(words_bw, grammar.tables.vocab_size)
 
 
 def _complete_states(tables: GrammarTables) -> np.ndarray:
@@ -86,8 +130,25 @@ def _stack_closings(closings: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.n
     return dist, close
 
 
+def _digit_bounds(grammars: list[GrammarTables], bounds: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(bound per stacked state int32 [S], digit-only tokens bool [V]) laid out as `stack_grammars` lays out
+    states: the dead state 0, then each grammar's states 1.. (0 where a grammar has no bound)."""
+    first = grammars[0]
+    digit_v = digit_tokens(np.asarray(first.bytes_vl), np.asarray(first.length_v), np.asarray(first.kind_v))
+    digit_w = pack_bits(digit_v[None, :])[0]
+    parts = [np.zeros(1, np.int32)]
+    for g, bound in zip(grammars, bounds, strict=True):
+        if bound is not None and not 1 <= bound <= MAX_DIGIT_BOUND:
+            raise ValueError(f"a digit bound must be within 1..{MAX_DIGIT_BOUND}, got {bound}")
+        loop_s = np.zeros(g.n_states, bool) if bound is None else digit_loop_states(
+            np.asarray(g.trans_sb), np.asarray(g.mask_rw), np.asarray(g.row_s), digit_w)
+        parts.append(np.where(loop_s, bound or 0, 0).astype(np.int32)[1:])
+    return np.concatenate(parts), digit_v
+
+
 def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True,
-            closings: list[tuple[np.ndarray, np.ndarray]] | None = None) -> BatchGrammar:
+            closings: list[tuple[np.ndarray, np.ndarray]] | None = None,
+            digit_bounds: list[int | None] | None = None) -> BatchGrammar:
     """Stacks the grammars a batch uses and pads them to bucketed sizes.
 
     Args:
@@ -96,6 +157,8 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
       batch: rows of the program (rows past len(row_grammar) are padding: dead state).
       close: also carry the closing tables (`close`), so rows end complete within their budget.
       closings: each grammar's closing tables (`closing_of`), computed once by the caller; None computes them.
+      digit_bounds: for each grammar, the most digit-only tokens a row may emit in a row where the grammar
+        could loop on digits forever (`grammar.digit_guard`), or None for no bound; None: no grammar has one.
 
     Returns:
       The batch's grammar argument; equal bucket sizes give equal shapes, hence one compiled program.
@@ -118,13 +181,21 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
         dist, closer = _stack_closings(closings or [closing_of(g) for g in grammars])
         dist_s = jnp.asarray(np.pad(dist, (0, s_pad), constant_values=UNREACHABLE))
         close_s = jnp.asarray(np.pad(closer, (0, s_pad), constant_values=-1))
+    bound_s = digit_w = digit_v = None
+    if digit_bounds is not None and any(b is not None for b in digit_bounds):
+        if s + s_pad >= 1 << _RUN_SHIFT:
+            raise ValueError(f"digit bounds need fewer than {1 << _RUN_SHIFT:,} states, the batch has {s:,}")
+        bound, digits = _digit_bounds(grammars, digit_bounds)
+        bound_s, digit_v = jnp.asarray(np.pad(bound, (0, s_pad))), jnp.asarray(digits)
+        digit_w = jnp.asarray(pack_bits(digits[None, :])[0])
     return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b),
-                        dist_s=dist_s, close_s=close_s)
+                        dist_s=dist_s, close_s=close_s, bound_s=bound_s, digit_w=digit_w, digit_v=digit_v)
 
 
 def mask(grammar: BatchGrammar, state_b: jax.Array, logits_bv: jax.Array) -> jax.Array:
-    """Logits [B, V] with the tokens each row's state disallows set to -inf (`runtime.mask_logits`)."""
-    return mask_logits(grammar.tables, state_b, logits_bv)
+    """Logits [B, V] with the tokens each row's state disallows set to -inf (digit runs bounded where the batch
+    bounds them)."""
+    return jnp.where(_allowed(grammar, state_b), logits_bv, -jnp.inf)
 
 
 def mask_block(grammar: BatchGrammar, state_bt: jax.Array, logits_btv: jax.Array) -> jax.Array:
@@ -135,14 +206,14 @@ def mask_block(grammar: BatchGrammar, state_bt: jax.Array, logits_btv: jax.Array
     """
     b, t, v = logits_btv.shape
     state_n = state_bt.reshape(b * t)
-    ok_nv = allowed(grammar.tables, state_n) | (state_n == 0)[:, None]
+    ok_nv = _allowed(grammar, state_n) | (state_n == 0)[:, None]
     return jnp.where(ok_nv.reshape(b, t, v), logits_btv, -jnp.inf)
 
 
 def step(grammar: BatchGrammar, state_b: jax.Array, tok_b: jax.Array, active_b: jax.Array):
     """(new state_b, complete_b): active rows advance by their token; complete rows must stop."""
-    new_b = jnp.where(active_b, advance(grammar.tables, state_b, tok_b), state_b)
-    return new_b, active_b & grammar.complete_s[new_b]
+    new_b = jnp.where(active_b, _advance(grammar, state_b, tok_b), state_b)
+    return new_b, active_b & grammar.complete_s[_state(grammar, new_b)]
 
 
 def draft_states(grammar: BatchGrammar, state_b: jax.Array, tokens_bk: jax.Array, len_b: jax.Array,
@@ -167,7 +238,7 @@ def draft_states(grammar: BatchGrammar, state_b: jax.Array, tokens_bk: jax.Array
         else:
             parent_j_b = jnp.clip(parent_bk[:, j], -1, j - 1)
             parent_state_b = jnp.take_along_axis(jnp.stack(states, axis=1), (parent_j_b + 1)[:, None], axis=1)[:, 0]
-        new_b = advance(grammar.tables, parent_state_b, tokens_bk[:, j])
+        new_b = _advance(grammar, parent_state_b, tokens_bk[:, j])
         states.append(jnp.where(valid_bk[:, j] & (parent_state_b != 0), new_b, 0))
     state_bt = jnp.stack(states, axis=1)
     if parent_bk is None:
@@ -179,12 +250,13 @@ def draft_states(grammar: BatchGrammar, state_b: jax.Array, tokens_bk: jax.Array
 def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...]):
     """(late_b, forced_b, new_b): whether tok_b leaves a row unable to end within room_b more tokens, the
     token that starts its state's shortest completion instead, and the state tok_b leads to."""
-    new_b = advance(grammar.tables, state_b, tok_b)
+    new_b = _advance(grammar, state_b, tok_b)
     # Tokens the row needs after tok_b: none once only EOS may follow (the row stops there), else the bytes
     # to an accepting state plus the EOS that ends it.
     eos_cost = 1 if eos_ids else 0
 
-    def need(s_b):
+    def need(packed_b):
+        s_b = _state(grammar, packed_b)
         return jnp.where(grammar.complete_s[s_b], 0, grammar.dist_s[s_b] + eos_cost)
 
     need_b = need(new_b)
@@ -193,7 +265,7 @@ def _late(grammar: BatchGrammar, state_b, tok_b, room_b, eos_ids: tuple[int, ...
     # from there on would only cut the row sooner into a worse prefix).
     closable_b = need(state_b) <= room_b + 1
     is_eos = jnp.isin(tok_b, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(tok_b, bool)
-    closer_b = grammar.close_s[state_b]
+    closer_b = grammar.close_s[_state(grammar, state_b)]
     forced_b = jnp.where(closer_b >= 0, closer_b, eos_ids[0] if eos_ids else tok_b)
     late_b = (need_b > room_b) & ~is_eos & closable_b & (forced_b != tok_b)
     return late_b, forced_b, new_b

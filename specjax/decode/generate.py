@@ -230,7 +230,8 @@ class Generator:
         if self._batch_grammar_memo[0] != key:
             closings = [self._closing(g) for g in distinct] if close else None
             self._batch_grammar_memo = (key, constrain.prepare([self._grammars[g] for g in distinct], list(key[1]),
-                                                               batch, close, closings))
+                                                               batch, close, closings,
+                                                               [g.digit_bound for g in distinct]))
         return self._batch_grammar_memo[1]
 
     def _closing(self, spec: GrammarSpec):
@@ -337,7 +338,7 @@ class Generator:
         grammar = self._batch_grammar(None if specs is None else specs[seed_offset:], b, cfg.close_grammar)
         key = (b, t, *static.values(), None if stops is None else stops.next_state.shape,
                None if grammar is None else (grammar.tables.trans_sb.shape, grammar.tables.mask_rw.shape,
-                                             grammar.dist_s is None))
+                                             grammar.dist_s is None, grammar.bound_s is None))
         cache = self._take_cache(b, t + n_out + extra_slots)
         inputs = BatchInputs(prompt_bt=jnp.asarray(prompt_bt), len_b=jnp.asarray(len_b), active_b=jnp.asarray(active_b),
                              max_new=jnp.int32(cfg.max_new_tokens), key=jax.random.key(s.seed + seed_offset),

@@ -52,8 +52,10 @@ class GrammarSpec:
         most of the compile time. False gives the schema's exact language.
       max_repeat: JSON Schema only: at most this many items in arrays without `maxItems` and extra properties
         per object (`JsonSchemaOptions.max_repeat`), so outputs finish; None: unbounded (exact).
-      max_digits: JSON Schema only: each digit run a number may extend without limit is cut at this many digits
-        (`JsonSchemaOptions.max_digits`; 20 keeps every 64-bit integer and double), so a number ends; None: exact.
+      max_digits: JSON Schema only: at most this many digit-only tokens in a row where the grammar could loop
+        on digits forever (a number's integer part, fraction or exponent); then the row must leave the run
+        (`grammar.digit_guard`, applied in the decode loop: the tables do not grow). With one token per digit
+        (Gemma 3, Qwen2.5) 20 keeps every 64-bit integer. None: unbounded (exact), at most 127.
       unknown_formats: JSON Schema only: "refuse" a `format` without an exact grammar, or "ignore" it.
       unenforced: JSON Schema only: keywords (of `json_schema.UNENFORCEABLE`: uniqueItems, oneOf, contains,
         pattern, maxLength, propertyNames) to leave unenforced where they cannot be compiled exactly, instead of
@@ -93,8 +95,8 @@ class GrammarSpec:
             raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
         if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
             raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
-        if self.max_digits is not None and (not isinstance(self.max_digits, int) or self.max_digits < 1):
-            raise GrammarSpecError(f"max_digits must be a positive integer or None, got {self.max_digits!r}")
+        if self.max_digits is not None and (not isinstance(self.max_digits, int) or not 1 <= self.max_digits <= 127):
+            raise GrammarSpecError(f"max_digits must be an integer within 1..127 or None, got {self.max_digits!r}")
         if not isinstance(self.unenforced, tuple):
             raise GrammarSpecError(f"unenforced must be a tuple of JSON Schema keywords, got {self.unenforced!r}")
         if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:
@@ -145,11 +147,16 @@ class GrammarSpec:
         where = "/".join(str(p) for p in error.absolute_path)
         return f"at /{where}: {_one_line(error.message)[:200]}"
 
+    @property
+    def digit_bound(self) -> int | None:
+        """The decode loop's bound on digit runs for this spec (`max_digits`; JSON Schema only)."""
+        return self.max_digits if self.kind == "json_schema" else None
+
     def json_schema_options(self) -> JsonSchemaOptions:
         """How this spec's JSON Schema is written as a grammar (the JSON Schema front-end's options)."""
         return JsonSchemaOptions(whitespace=self.whitespace, max_whitespace=self.max_whitespace,
                                  strict_objects=self.strict_objects, unknown_formats=self.unknown_formats,
-                                 max_repeat=self.max_repeat, max_digits=self.max_digits, unenforced=self.unenforced)
+                                 max_repeat=self.max_repeat, unenforced=self.unenforced)
 
     def options(self, eos_ids: tuple[int, ...] | None = None) -> GrammarOptions:
         return GrammarOptions(start=self.start if self.kind == "lark" else "start", max_depth=self.max_depth,

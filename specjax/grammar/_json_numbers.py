@@ -24,16 +24,9 @@ from interegular.fsm import FSM, Alphabet, anything_else
 
 from specjax.grammar import _charsets as cs
 from specjax.grammar._json_schema_logic import SchemaError
-from specjax.grammar._json_text import _MAX_SAFE, number_regex
+from specjax.grammar._json_text import _MAX_SAFE, NUMBER_REGEX
 from specjax.grammar._regex_fsm import TooLarge, _minimal, fsm_rules
-from specjax.grammar._regex_ranges import (
-    FLOAT_DIGITS,
-    cap_digit_runs,
-    decimal_at_least,
-    decimal_at_most,
-    int_range,
-    number_range,
-)
+from specjax.grammar._regex_ranges import FLOAT_DIGITS, decimal_at_least, decimal_at_most, int_range, number_range
 
 _PLAIN = r"(?:0|-?[1-9][0-9]*(?:\.[0-9]+)?|-?0\.[0-9]*[1-9][0-9]*)"  # plain decimals without "-0", "-0.0", ...
 _MAX_DIGITS = 40  # fraction digits of a bound's decimal (an exclusive bound next to 1e-300 would be 300)
@@ -56,27 +49,22 @@ class NumberEmitter:
             if isinstance(step, int) and step > 1:
                 return self._number_rules(path, [int_range(ilo, ihi)], _multiples(step), "multipleOf")
             text = int_range(ilo, ihi)
-            return None if text is None else f"/{self._capped(text)}/"
+            return None if text is None else f"/{text}/"
         if step is not None:  # 2**-j
             regexes = [_dyadic(step)] + self._decimal_bounds(lo, lo_excl, hi, hi_excl, path)
             return self._number_rules(path, regexes, None, "multipleOf")
         if lo is None and hi is None:
-            return f"/{number_regex(self.c.options.max_digits)}/"
+            return f"/{NUMBER_REGEX}/"
         if all(b is None or float(b).is_integer() and abs(b) <= _MAX_SAFE for b in (lo, hi)):
             alts = number_range(None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl)
-            return " | ".join(f"/{self._capped(a)}/" for a in alts or []) or None
+            return " | ".join(f"/{a}/" for a in alts or []) or None
         return self._number_rules(path, [_PLAIN, *self._decimal_bounds(lo, lo_excl, hi, hi_excl, path)], None,
                                   "minimum")
-
-    def _capped(self, regex: str) -> str:
-        """A number regex under the ``max_digits`` option (each unbounded digit run cut there)."""
-        return cap_digit_runs(regex, self.c.options.max_digits)
 
     def _number_rules(self, path: str, regexes: list[str | None], fsm, kw: str) -> str | None:
         """Right-linear rules for the texts of every regex (and ``fsm``); None when empty."""
         if any(r is None for r in regexes):
             return None
-        regexes = [self._capped(r) for r in regexes]  # capped: the intersection is finite too
 
         def make(name: str) -> dict[str, str]:
             machine = fsm

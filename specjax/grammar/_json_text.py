@@ -5,21 +5,9 @@ from __future__ import annotations
 from specjax.grammar import _charsets as cs
 from specjax.grammar._counted import MAX_POSITIONS
 from specjax.grammar._json_schema_logic import SchemaError
-from specjax.grammar._regex_ranges import cap_digit_runs
 
-_MANTISSA = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?"
-NUMBER_REGEX = _MANTISSA + r"(?:[eE][+\-]?[0-9]+)?"
-_EXPONENT_DIGITS = 3  # a double's decimal exponent has at most 3 digits (1e308, 5e-324)
+NUMBER_REGEX = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+\-]?[0-9]+)?"
 _MAX_SAFE = 2**53
-
-
-def number_regex(max_digits: int | None) -> str:
-    """Any JSON number (`NUMBER_REGEX`) under the ``max_digits`` option: each digit run of the mantissa cut at
-    ``max_digits`` (`cap_digit_runs`), the exponent at ``min(max_digits, 3)`` digits, all a double needs (each
-    digit a run may hold is an automaton state in every context the number appears in)."""
-    if max_digits is None:
-        return NUMBER_REGEX
-    return cap_digit_runs(_MANTISSA, max_digits) + rf"(?:[eE][+\-]?[0-9]{{1,{min(max_digits, _EXPONENT_DIGITS)}}})?"
 
 
 def lark_literal(text: str) -> str:

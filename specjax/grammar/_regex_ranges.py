@@ -6,8 +6,6 @@ first, so that Python's first-match alternation (which lark uses to lex) takes t
 
 from __future__ import annotations
 
-import re
-
 # Doubles keep 15 significant decimal digits: a fraction whose first non-zero digit is within
 # 15 - (integer digits) places stays distinguishable from an integer bound after json.loads.
 FLOAT_DIGITS = 15
@@ -178,26 +176,3 @@ def decimal_at_most(high) -> str:
     if high >= 0:
         return f"(?:-{_NONNEG}|{_nonneg_at_most(high)})"
     return f"-{_nonneg_at_least(-high)}"
-
-
-# ----------------------------------------------------------------------------------- digit bound
-# The unbounded digit runs the functions above write: [0-9]* [0-9]+ [0-9]{n,} and 0* 0+ (zero fractions).
-_FREE_RUN = re.compile(r"(\[0-9\]|(?<![\[\-])0)(\*|\+|\{(\d+),\})")
-
-
-def cap_digit_runs(regex: str, bound: int | None) -> str:
-    """``regex`` (a number regex written by this module or the JSON Schema compiler) with every unbounded run of
-    digits cut at ``bound`` digits (a run that must be longer keeps its minimum); None: unchanged.
-
-    A sound narrowing: the texts kept are a subset, never empty where the regex was not, and finite. Number texts
-    then have at most ``bound`` + 1 integer digits (a leading digit and a run) or the bound's own digits, and at
-    most ``bound`` fraction and exponent digits.
-    """
-    if bound is None:
-        return regex
-
-    def cut(m: re.Match) -> str:
-        least = 0 if m[2] == "*" else 1 if m[2] == "+" else int(m[3])
-        return f"{m[1]}{{{least},{max(least, bound)}}}"
-
-    return _FREE_RUN.sub(cut, regex)

@@ -26,7 +26,7 @@ from specjax.grammar._ebnf_productive import productive
 from specjax.grammar._json_merge import merge
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_schema_types import TypeEmitter
-from specjax.grammar._json_text import number_regex
+from specjax.grammar._json_text import NUMBER_REGEX
 
 __all__ = ["UNENFORCEABLE", "JsonSchemaOptions", "SchemaError", "json_schema_grammar", "json_schema_to_lark"]
 
@@ -64,11 +64,6 @@ class JsonSchemaOptions:
         a model would loop on a free-form repetition; narrower than the schema, still sound. Generic JSON
         values (`{}`) stay unbounded: a counter per nesting level would multiply the automaton; so do arrays
         whose items may hold one (the counter copies the item's automaton once per position).
-      max_digits: cut every run of digits that a number may extend without limit at this many digits (a free
-        integer then has at most ``max_digits`` + 1 digits, a fraction at most ``max_digits``, an exponent at most
-        3, all a double needs; a bound's own digits are kept); None: unbounded (exact). Narrower, still sound:
-        it ends the runaway numbers (``1234567890…``) a model may write where nothing bounds them, as
-        ``max_repeat`` ends arrays. Each digit a run may hold is a state wherever the number appears.
       strict_objects: True: never generate properties outside `properties` (+ required), even
         where the schema allows them (narrower than the schema, still sound; xgrammar's default).
       unenforced: keywords of `UNENFORCEABLE` to leave unenforced *where* they cannot be compiled exactly, instead
@@ -84,7 +79,6 @@ class JsonSchemaOptions:
     unknown_formats: str = "refuse"
     strict_objects: bool = False
     max_repeat: int | None = None
-    max_digits: int | None = None
     unenforced: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -94,8 +88,6 @@ class JsonSchemaOptions:
             raise ValueError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
         if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
             raise ValueError(f"max_repeat must be >= 1 or None, got {self.max_repeat}")
-        if self.max_digits is not None and (not isinstance(self.max_digits, int) or self.max_digits < 1):
-            raise ValueError(f"max_digits must be >= 1 or None, got {self.max_digits}")
         if self.max_whitespace is not None and self.max_whitespace < 1:
             raise ValueError(f"max_whitespace must be >= 1 or None, got {self.max_whitespace}")
         if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:
@@ -255,8 +247,7 @@ class _Compiler:
         """Rules for an unconstrained JSON value (schema `true` or `{}`)."""
         if "any_value" not in self.rules:
             w, char = self.ws, cs.json_class_text(cs.ANY)
-            string = f"/{cs.QUOTE}{char}*{cs.QUOTE}/"
-            number = f"/{number_regex(self.options.max_digits)}/"
+            string, number = f"/{cs.QUOTE}{char}*{cs.QUOTE}/", f"/{NUMBER_REGEX}/"
             self.rules["any_value"] = f'any_object | any_array | {string} | {number} | "true" | "false" | "null"'
             self.rules["any_object"] = (f'"{{"{w} (any_pair ({w} ","{w} any_pair)*)?{w} "}}"')
             self.rules["any_pair"] = f'{string}{w} ":"{w} any_value'

@@ -17,7 +17,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-__all__ = ["GrammarTables", "allowed", "mask_logits", "advance", "stack_grammars"]
+__all__ = ["GrammarTables", "allowed", "allowed_words", "mask_logits", "advance", "stack_grammars", "unpack_words"]
 
 _UNROLL = 4  # bytes walked per loop trip in `advance` (see `_walk_bytes`)
 
@@ -60,11 +60,20 @@ class GrammarTables:
         return int(sum(a.size * a.dtype.itemsize for a in arrays))
 
 
+def allowed_words(tables: GrammarTables, state_b: jax.Array) -> jax.Array:
+    """uint32 [B, ceil(V/32)]: each row's packed mask (token v is bit v % 32 of word v // 32)."""
+    return tables.mask_rw[tables.row_s[state_b]]
+
+
+def unpack_words(words_bw: jax.Array, vocab_size: int) -> jax.Array:
+    """bool [B, V] from packed masks [B, ceil(V/32)]."""
+    bits_bwk = (words_bw[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
+    return bits_bwk.reshape(words_bw.shape[0], -1)[:, :vocab_size].astype(bool)
+
+
 def allowed(tables: GrammarTables, state_b: jax.Array) -> jax.Array:
     """bool [B, V]: which tokens each row may emit next."""
-    words_bw = tables.mask_rw[tables.row_s[state_b]]
-    bits_bwk = (words_bw[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1
-    return bits_bwk.reshape(state_b.shape[0], -1)[:, :tables.vocab_size].astype(bool)
+    return unpack_words(allowed_words(tables, state_b), tables.vocab_size)
 
 
 def mask_logits(tables: GrammarTables, state_b: jax.Array, logits_bv: jax.Array) -> jax.Array:

@@ -275,7 +275,8 @@ def test_compiler_options_reach_the_compiler():
     ({"unknown_formats": "warn"}, "unknown_formats must be 'refuse' or 'ignore'"),
     ({"strict_objects": "yes"}, "strict_objects must be true or false"),
     ({"max_repeat": 0}, "max_repeat must be a positive integer"),
-    ({"max_digits": 0}, "max_digits must be a positive integer"),
+    ({"max_digits": 0}, "max_digits must be an integer within 1..127"),
+    ({"max_digits": 128}, "max_digits must be an integer within 1..127"),
 ])
 def test_bad_options_give_one_line(options, message):
     with pytest.raises(GrammarSpecError, match=message):
@@ -291,8 +292,9 @@ def test_cli_options_make_the_spec(tmp_path):
                                       grammar_max_states=999, grammar_timeout=2.5, grammar_max_ignore=4,
                                       json_max_repeat=None, json_max_digits=5))
     assert (spec.strict_objects, spec.unknown_formats, spec.max_states, spec.timeout, spec.max_ignore,
-            spec.max_repeat, spec.json_schema_options().max_digits) == (False, "ignore", 999, 2.5, 4, None, 5)
-    assert grammar_spec(DecodeOptions(json_schema=str(path))).json_schema_options().max_digits == 20
+            spec.max_repeat, spec.digit_bound) == (False, "ignore", 999, 2.5, 4, None, 5)
+    assert grammar_spec(DecodeOptions(json_schema=str(path))).digit_bound == 20
+    assert grammar_spec(DecodeOptions(regex="[0-9]+")).digit_bound is None  # JSON Schema only
     from specjax.decode.cli import generate_config
 
     assert generate_config(DecodeOptions(json_schema=str(path))).close_grammar

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 
 import pytest
 from test_json_schema import _dump, _parser, _parses, _validator, check_samples
 
-from specjax.grammar.automaton import build_automaton
-from specjax.grammar.frontend import load_lark
-from specjax.grammar.json_schema import JsonSchemaOptions, SchemaError, json_schema_to_lark
+from specjax.grammar.json_schema import SchemaError, json_schema_to_lark
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -274,61 +271,3 @@ SAMPLED = {f"{group}/{name}": schema for group, schemas in (("pattern_format", P
 def test_samples_of_every_schema_above_validate(name):
     check_samples(SAMPLED[name], seed=4, n=40)
 
-
-# ------------------------------------------------------------------------------------------------ max_digits
-def _longest(schema, options: JsonSchemaOptions) -> int | None:
-    """The longest text of the schema's automaton (bytes), None when the language is infinite (a cycle)."""
-    auto = build_automaton(load_lark(json_schema_to_lark(schema, options), "start"), 3, 200_000)
-    trans, memo, on_path = auto.trans_sb, {}, set()
-
-    def depth(state: int) -> float:  # -inf: no accepted text from here
-        if state in on_path:
-            raise OverflowError
-        if state not in memo:
-            on_path.add(state)
-            best = 0.0 if auto.accept_s[state] else -math.inf
-            for nxt in set(trans[state].tolist()) - {0}:
-                best = max(best, 1 + depth(nxt))
-            on_path.discard(state)
-            memo[state] = best
-        return memo[state]
-
-    try:
-        return int(depth(1))
-    except OverflowError:
-        return None
-
-
-@pytest.mark.parametrize("name", [*sorted(NUMBERS), "number", "integer", "big_minimum", "any"])
-def test_max_digits_makes_every_number_finite_and_narrower(name):
-    """Every number language becomes finite (no runaway digits) and stays within the exact one (a finite one
-    stays as long)."""
-    schema = {**NUMBERS, "number": {"type": "number"}, "integer": {"type": "integer"},
-              "big_minimum": {"type": "integer", "minimum": 123456},
-              "any": {"type": "array", "items": {"type": "number"}, "maxItems": 2}}[name]
-    longest, exact_longest = _longest(schema, JsonSchemaOptions(max_digits=3)), _longest(schema, JsonSchemaOptions())
-    assert longest is not None and longest == (exact_longest or longest)  # a finite language stays as it was
-    capped, exact = _parser(json_schema_to_lark(schema, JsonSchemaOptions(max_digits=3))), _parser(
-        json_schema_to_lark(schema))
-    for text in [*_NUMBER_TEXTS, "123", "1234", "12345", "0.125", "0.1234", "1e123", "1e1234", "123456", "1234567",
-                 "12345678", "[1,22]", "[1234,1]"]:
-        if _parses(capped, text):
-            assert _parses(exact, text), (name, text)
-
-
-def test_max_digits_counts_each_part():
-    """A free integer keeps max_digits + 1 digits, a fraction max_digits, an exponent min(max_digits, 3); a
-    bound's own digits stay."""
-    def parses(schema, text):
-        return _parses(_parser(json_schema_to_lark(schema, JsonSchemaOptions(max_digits=3))), text)
-
-    assert parses({"type": "integer"}, "-1234") and not parses({"type": "integer"}, "12345")
-    assert parses({"type": "number"}, "1.125e-100") and not parses({"type": "number"}, "1.1255")
-    assert not parses({"type": "number"}, "1e1000")
-    assert parses({"type": "integer", "minimum": 123456}, "1234567")  # one digit past the bound's width
-    assert not parses({"type": "integer", "minimum": 123456}, "12345678")
-    assert parses({}, "[1234,{\"a\":-0.125}]") and not parses({}, "[12345]")
-    twenty = _parser(json_schema_to_lark({"type": "number"}, JsonSchemaOptions(max_digits=20)))
-    assert _parses(twenty, "-18446744073709551615.00000000000000000001e-324") and not _parses(twenty, "1e1000")
-    with pytest.raises(ValueError, match="max_digits must be >= 1"):
-        JsonSchemaOptions(max_digits=0)

@@ -52,7 +52,8 @@ def run_file(gen: Generator, name: str, a) -> dict:
         if len(prompt_for(row["schema"])) > a.max_prompt_chars:  # the prompt holds the whole schema: prefill-bound
             skipped += 1
             continue
-        spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"], unenforced=a.unenforced)
+        spec = GrammarSpec("json_schema", json.dumps(row["schema"]), origin=row["id"], unenforced=a.unenforced,
+                           max_digits=a.max_digits)
         try:
             if a.only_unenforced and not spec.unenforced_at():
                 continue
@@ -103,18 +104,21 @@ def main():
     ap.add_argument("--unenforced", default="", help="keywords to leave unenforced where they cannot be compiled "
                                                      "(GrammarSpec.unenforced), comma-separated")
     ap.add_argument("--only-unenforced", action="store_true", help="only schemas that need --unenforced")
+    ap.add_argument("--max-digits", default=str(GrammarSpec.max_digits),
+                    help="GrammarSpec.max_digits: digit-only tokens in a row at a digit loop ('none': unbounded)")
     ap.add_argument("--max-prompt-chars", type=int, default=16_000,
                     help="skip schemas whose prompt (it holds the whole schema) is longer: counted as 'long prompt'; "
                          "a 50 kB schema is a prefill of tens of thousands of tokens per row on a CPU")
     a = ap.parse_args()
     a.unenforced = tuple(k for k in a.unenforced.split(",") if k)
+    a.max_digits = None if a.max_digits.lower() == "none" else int(a.max_digits)
     from specjax.models.loading import load_model
 
     model, tok = load_model(a.model, weights=a.weights)
     gen = Generator(model, tok)
     print(f"data: {DATA}; model: {a.model or 'embedded Gemma 3 270M'}, weights={a.weights}; greedy, "
           f"{a.new_tokens} new tokens, batch {a.batch}, close={'off' if a.no_close else 'on'}, "
-          f"unenforced={','.join(a.unenforced) or '-'}"
+          f"unenforced={','.join(a.unenforced) or '-'}, max_digits={a.max_digits}"
           f"{' (only schemas that need it)' if a.only_unenforced else ''}")
     print("| file | schemas | long prompt | compiled | finished | closed | cut | valid | flagged | tokens/row | s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

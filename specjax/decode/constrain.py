@@ -130,9 +130,9 @@ def _stack_closings(closings: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.n
     return dist, close
 
 
-def _digit_bounds(grammars: list[GrammarTables], bounds: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
-    """(bound per stacked state int32 [S], digit-only tokens bool [V]) laid out as `stack_grammars` lays out
-    states: the dead state 0, then each grammar's states 1.. (0 where a grammar has no bound)."""
+def _digit_bounds(grammars: list[GrammarTables], bounds: list[int | None]):
+    """(bound per stacked state int32 [S], digit-only tokens bool [V] and packed uint32 [ceil(V/32)]), states laid
+    out as `stack_grammars` lays them out: the dead state 0, then each grammar's states 1.. (0: no bound)."""
     first = grammars[0]
     digit_v = digit_tokens(np.asarray(first.bytes_vl), np.asarray(first.length_v), np.asarray(first.kind_v))
     digit_w = pack_bits(digit_v[None, :])[0]
@@ -143,7 +143,7 @@ def _digit_bounds(grammars: list[GrammarTables], bounds: list[int | None]) -> tu
         loop_s = np.zeros(g.n_states, bool) if bound is None else digit_loop_states(
             np.asarray(g.trans_sb), np.asarray(g.mask_rw), np.asarray(g.row_s), digit_w)
         parts.append(np.where(loop_s, bound or 0, 0).astype(np.int32)[1:])
-    return np.concatenate(parts), digit_v
+    return np.concatenate(parts), digit_v, digit_w
 
 
 def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True,
@@ -185,9 +185,8 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
     if digit_bounds is not None and any(b is not None for b in digit_bounds):
         if s + s_pad >= 1 << _RUN_SHIFT:
             raise ValueError(f"digit bounds need fewer than {1 << _RUN_SHIFT:,} states, the batch has {s:,}")
-        bound, digits = _digit_bounds(grammars, digit_bounds)
-        bound_s, digit_v = jnp.asarray(np.pad(bound, (0, s_pad))), jnp.asarray(digits)
-        digit_w = jnp.asarray(pack_bits(digits[None, :])[0])
+        bound, digits, words = _digit_bounds(grammars, digit_bounds)
+        bound_s, digit_v, digit_w = jnp.asarray(np.pad(bound, (0, s_pad))), jnp.asarray(digits), jnp.asarray(words)
     return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b),
                         dist_s=dist_s, close_s=close_s, bound_s=bound_s, digit_w=digit_w, digit_v=digit_v)
 

@@ -39,8 +39,8 @@ from specjax.grammar.digit_guard import digit_loop_states, digit_tokens
 from specjax.grammar.runtime import GrammarTables, advance, allowed_words, stack_grammars, unpack_words
 from specjax.grammar.tables import pack_bits
 
-__all__ = ["BatchGrammar", "close", "close_block", "closing_of", "draft_states", "mask", "prepare", "step",
-           "vocab_byte_tokens"]
+__all__ = ["BatchGrammar", "MAX_DIGIT_BOUND", "close", "close_block", "closing_of", "digit_loops_of",
+           "draft_states", "mask", "prepare", "step", "vocab_byte_tokens", "vocab_digit_tokens"]
 
 
 @struct.dataclass
@@ -69,8 +69,7 @@ class BatchGrammar:
 
 
 _RUN_SHIFT = 24  # state | run << 24: states below 2**24 (a [S, 256] int32 table of 16 GiB)
-_RUN_MAX = 127  # counts saturate here (the sign bit stays clear); bounds are at most this
-MAX_DIGIT_BOUND = _RUN_MAX
+MAX_DIGIT_BOUND = 127  # run counts saturate here (the sign bit stays clear), so bounds are at most this
 
 
 def _state(grammar: BatchGrammar, gram_b: jax.Array) -> jax.Array:
@@ -83,7 +82,7 @@ def _advance(grammar: BatchGrammar, gram_b: jax.Array, tok_b: jax.Array) -> jax.
     new_b = advance(grammar.tables, _state(grammar, gram_b), tok_b)
     if grammar.bound_s is None:
         return new_b
-    run_b = jnp.where(grammar.digit_v[tok_b], jnp.minimum((gram_b >> _RUN_SHIFT) + 1, _RUN_MAX), 0)
+    run_b = jnp.where(grammar.digit_v[tok_b], jnp.minimum((gram_b >> _RUN_SHIFT) + 1, MAX_DIGIT_BOUND), 0)
     return jnp.where(new_b == 0, 0, new_b | (run_b << _RUN_SHIFT))
 
 
@@ -130,25 +129,35 @@ def _stack_closings(closings: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.n
     return dist, close
 
 
-def _digit_bounds(grammars: list[GrammarTables], bounds: list[int | None]):
-    """(bound per stacked state int32 [S], digit-only tokens bool [V] and packed uint32 [ceil(V/32)]), states laid
-    out as `stack_grammars` lays them out: the dead state 0, then each grammar's states 1.. (0: no bound)."""
-    first = grammars[0]
-    digit_v = digit_tokens(np.asarray(first.bytes_vl), np.asarray(first.length_v), np.asarray(first.kind_v))
-    digit_w = pack_bits(digit_v[None, :])[0]
+def vocab_digit_tokens(tables: GrammarTables) -> np.ndarray:
+    """bool [V]: the vocabulary's digit-only text tokens (`grammar.digit_guard`) from any grammar's tables over it."""
+    return digit_tokens(np.asarray(tables.bytes_vl), np.asarray(tables.length_v), np.asarray(tables.kind_v))
+
+
+def digit_loops_of(tables: GrammarTables, digit_v: np.ndarray | None = None) -> np.ndarray:
+    """One grammar's digit-loop states bool [S] on the host (`grammar.digit_guard`); `digit_v`
+    (`vocab_digit_tokens`) is derived from the tables when not given."""
+    if digit_v is None:
+        digit_v = vocab_digit_tokens(tables)
+    return digit_loop_states(np.asarray(tables.trans_sb), np.asarray(tables.mask_rw), np.asarray(tables.row_s),
+                             pack_bits(digit_v[None, :])[0])
+
+
+def _stack_digit_bounds(loops: list[np.ndarray | None], bounds: list[int | None]) -> np.ndarray:
+    """The bound of each stacked state int32 [S] (0: none), laid out as `stack_grammars` lays out states: the
+    dead state 0, then each grammar's states 1.. (a grammar without a bound contributes zeros)."""
     parts = [np.zeros(1, np.int32)]
-    for g, bound in zip(grammars, bounds, strict=True):
+    for loop_s, bound in zip(loops, bounds, strict=True):
         if bound is not None and not 1 <= bound <= MAX_DIGIT_BOUND:
             raise ValueError(f"a digit bound must be within 1..{MAX_DIGIT_BOUND}, got {bound}")
-        loop_s = np.zeros(g.n_states, bool) if bound is None else digit_loop_states(
-            np.asarray(g.trans_sb), np.asarray(g.mask_rw), np.asarray(g.row_s), digit_w)
         parts.append(np.where(loop_s, bound or 0, 0).astype(np.int32)[1:])
-    return np.concatenate(parts), digit_v, digit_w
+    return np.concatenate(parts)
 
 
 def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, close: bool = True,
             closings: list[tuple[np.ndarray, np.ndarray]] | None = None,
-            digit_bounds: list[int | None] | None = None) -> BatchGrammar:
+            digit_bounds: list[int | None] | None = None, digit_loops: list[np.ndarray | None] | None = None,
+            digit_v: np.ndarray | None = None) -> BatchGrammar:
     """Stacks the grammars a batch uses and pads them to bucketed sizes.
 
     Args:
@@ -159,6 +168,8 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
       closings: each grammar's closing tables (`closing_of`), computed once by the caller; None computes them.
       digit_bounds: for each grammar, the most digit-only tokens a row may emit in a row where the grammar
         could loop on digits forever (`grammar.digit_guard`), or None for no bound; None: no grammar has one.
+      digit_loops, digit_v: each bounded grammar's digit-loop states (`digit_loops_of`; None for the others) and
+        the vocabulary's digit-only tokens (`vocab_digit_tokens`), computed once by the caller; None computes them.
 
     Returns:
       The batch's grammar argument; equal bucket sizes give equal shapes, hence one compiled program.
@@ -181,14 +192,18 @@ def prepare(grammars: list[GrammarTables], row_grammar: list[int], batch: int, c
         dist, closer = _stack_closings(closings or [closing_of(g) for g in grammars])
         dist_s = jnp.asarray(np.pad(dist, (0, s_pad), constant_values=UNREACHABLE))
         close_s = jnp.asarray(np.pad(closer, (0, s_pad), constant_values=-1))
-    bound_s = digit_w = digit_v = None
+    digit = {}
     if digit_bounds is not None and any(b is not None for b in digit_bounds):
         if s + s_pad >= 1 << _RUN_SHIFT:
             raise ValueError(f"digit bounds need fewer than {1 << _RUN_SHIFT:,} states, the batch has {s:,}")
-        bound, digits, words = _digit_bounds(grammars, digit_bounds)
-        bound_s, digit_v, digit_w = jnp.asarray(np.pad(bound, (0, s_pad))), jnp.asarray(digits), jnp.asarray(words)
+        digit_v = vocab_digit_tokens(grammars[0]) if digit_v is None else digit_v
+        given = digit_loops or [None] * len(grammars)
+        loops = [np.zeros(g.n_states, bool) if b is None else digit_loops_of(g, digit_v) if loop_s is None else loop_s
+                 for g, b, loop_s in zip(grammars, digit_bounds, given, strict=True)]
+        digit = {"bound_s": jnp.asarray(np.pad(_stack_digit_bounds(loops, digit_bounds), (0, s_pad))),
+                 "digit_w": jnp.asarray(pack_bits(digit_v[None, :])[0]), "digit_v": jnp.asarray(digit_v)}
     return BatchGrammar(tables=tables, complete_s=jnp.asarray(complete_s), state_b=jnp.asarray(state_b),
-                        dist_s=dist_s, close_s=close_s, bound_s=bound_s, digit_w=digit_w, digit_v=digit_v)
+                        dist_s=dist_s, close_s=close_s, **digit)
 
 
 def mask(grammar: BatchGrammar, state_b: jax.Array, logits_bv: jax.Array) -> jax.Array:

@@ -194,6 +194,8 @@ class Generator:
         self._batch_grammar_memo: tuple = (None, None)  # (key, BatchGrammar) of the latest batch
         self._closings: dict[GrammarSpec, tuple] = {}  # spec -> (dist_s, close_s) on the host
         self._byte_tokens = None  # the vocabulary's single-byte text tokens (`grammar.closing.byte_tokens`)
+        self._digit_loops: dict[GrammarSpec, np.ndarray] = {}  # spec -> its digit-loop states on the host
+        self._digit_tokens = None  # the vocabulary's digit-only text tokens (`grammar.digit_guard.digit_tokens`)
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
 
     def encode(self, prompts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -229,10 +231,22 @@ class Generator:
         # Consecutive batches of one grammar (the CLI's case) reuse the stacked tables.
         if self._batch_grammar_memo[0] != key:
             closings = [self._closing(g) for g in distinct] if close else None
+            bounds = [g.digit_bound for g in distinct]
+            loops = [None if b is None else self._digit_loop_states(g) for g, b in zip(distinct, bounds, strict=True)]
             self._batch_grammar_memo = (key, constrain.prepare([self._grammars[g] for g in distinct], list(key[1]),
-                                                               batch, close, closings,
-                                                               [g.digit_bound for g in distinct]))
+                                                               batch, close, closings, bounds, loops,
+                                                               self._digit_tokens))
         return self._batch_grammar_memo[1]
+
+    def _digit_loop_states(self, spec: GrammarSpec):
+        """A grammar's digit-loop states (`constrain.digit_loops_of`), computed once per process like its closing
+        tables (each is a host copy of the [S, 256] table); the vocabulary's digit-only tokens once per Generator."""
+        if spec not in self._digit_loops:
+            tables = self._grammars[spec]
+            if self._digit_tokens is None:
+                self._digit_tokens = constrain.vocab_digit_tokens(tables)
+            self._digit_loops[spec] = constrain.digit_loops_of(tables, self._digit_tokens)
+        return self._digit_loops[spec]
 
     def _closing(self, spec: GrammarSpec):
         """A grammar's closing tables, computed once per process (~1 s of CPU for a 113k-state grammar); the

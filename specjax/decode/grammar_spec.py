@@ -12,6 +12,7 @@ import functools
 import json
 from pathlib import Path
 
+from specjax.decode.constrain import MAX_DIGIT_BOUND
 from specjax.grammar._deadline import deadline
 from specjax.grammar.compiler import GrammarOptions, compile_grammar
 from specjax.grammar.errors import GrammarError
@@ -95,8 +96,10 @@ class GrammarSpec:
             raise GrammarSpecError(f"unknown_formats must be 'refuse' or 'ignore', got {self.unknown_formats!r}")
         if self.max_repeat is not None and (not isinstance(self.max_repeat, int) or self.max_repeat < 1):
             raise GrammarSpecError(f"max_repeat must be a positive integer or None, got {self.max_repeat!r}")
-        if self.max_digits is not None and (not isinstance(self.max_digits, int) or not 1 <= self.max_digits <= 127):
-            raise GrammarSpecError(f"max_digits must be an integer within 1..127 or None, got {self.max_digits!r}")
+        if self.max_digits is not None and (not isinstance(self.max_digits, int)
+                                            or not 1 <= self.max_digits <= MAX_DIGIT_BOUND):
+            raise GrammarSpecError(f"max_digits must be an integer within 1..{MAX_DIGIT_BOUND} or None, "
+                                   f"got {self.max_digits!r}")
         if not isinstance(self.unenforced, tuple):
             raise GrammarSpecError(f"unenforced must be a tuple of JSON Schema keywords, got {self.unenforced!r}")
         if bad := [k for k in self.unenforced if k not in UNENFORCEABLE]:

@@ -270,4 +270,3 @@ SAMPLED = {f"{group}/{name}": schema for group, schemas in (("pattern_format", P
 @pytest.mark.parametrize("name", sorted(SAMPLED))
 def test_samples_of_every_schema_above_validate(name):
     check_samples(SAMPLED[name], seed=4, n=40)
-

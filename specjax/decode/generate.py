@@ -192,10 +192,8 @@ class Generator:
         self._stops: dict[tuple[str, ...], StopTables | None] = {}
         self._grammars: dict[GrammarSpec, object] = {}  # spec -> GrammarTables (compiled once per process)
         self._batch_grammar_memo: tuple = (None, None)  # (key, BatchGrammar) of the latest batch
-        self._closings: dict[GrammarSpec, tuple] = {}  # spec -> (dist_s, close_s) on the host
-        self._byte_tokens = None  # the vocabulary's single-byte text tokens (`grammar.closing.byte_tokens`)
-        self._digit_loops: dict[GrammarSpec, np.ndarray] = {}  # spec -> its digit-loop states on the host
-        self._digit_tokens = None  # the vocabulary's digit-only text tokens (`grammar.digit_guard.digit_tokens`)
+        self._host: dict[tuple[str, GrammarSpec], object] = {}  # (kind, spec) -> a host table (`_host_table`)
+        self._vocab_host: dict[str, np.ndarray] = {}  # kind -> the vocabulary's tokens it needs
         self._programs: dict = {}  # shape key -> compiled executable (AOT, timed apart)
 
     def encode(self, prompts: Sequence[str], chat: bool) -> list[list[int]]:
@@ -230,33 +228,30 @@ class Generator:
         key = (tuple(distinct), tuple(distinct.index(g) for g in specs), batch, close)
         # Consecutive batches of one grammar (the CLI's case) reuse the stacked tables.
         if self._batch_grammar_memo[0] != key:
-            closings = [self._closing(g) for g in distinct] if close else None
+            closings = [self._host_table("closing", g) for g in distinct] if close else None
             bounds = [g.digit_bound for g in distinct]
-            loops = [None if b is None else self._digit_loop_states(g) for g, b in zip(distinct, bounds, strict=True)]
+            loops = [None if b is None else self._host_table("digit_loops", g)
+                     for g, b in zip(distinct, bounds, strict=True)]
             self._batch_grammar_memo = (key, constrain.prepare([self._grammars[g] for g in distinct], list(key[1]),
                                                                batch, close, closings, bounds, loops,
-                                                               self._digit_tokens))
+                                                               self._vocab_host.get("digit_loops")))
         return self._batch_grammar_memo[1]
 
-    def _digit_loop_states(self, spec: GrammarSpec):
-        """A grammar's digit-loop states (`constrain.digit_loops_of`), computed once per process like its closing
-        tables (each is a host copy of the [S, 256] table); the vocabulary's digit-only tokens once per Generator."""
-        if spec not in self._digit_loops:
-            tables = self._grammars[spec]
-            if self._digit_tokens is None:
-                self._digit_tokens = constrain.vocab_digit_tokens(tables)
-            self._digit_loops[spec] = constrain.digit_loops_of(tables, self._digit_tokens)
-        return self._digit_loops[spec]
+    # kind -> (the vocabulary's tokens it needs, the host table from (tables, those tokens))
+    _HOST_TABLES = {"closing": (constrain.vocab_byte_tokens, constrain.closing_of),
+                    "digit_loops": (constrain.vocab_digit_tokens, constrain.digit_loops_of)}
 
-    def _closing(self, spec: GrammarSpec):
-        """A grammar's closing tables, computed once per process (~1 s of CPU for a 113k-state grammar); the
-        vocabulary's single-byte tokens once per Generator."""
-        if spec not in self._closings:
+    def _host_table(self, kind: str, spec: GrammarSpec):
+        """A grammar's host-side table, computed once per process: "closing" (`constrain.closing_of`, ~1 s of CPU
+        for a 113k-state grammar) or "digit_loops" (`constrain.digit_loops_of`); each reads the [S, 256] table
+        back to the host. The vocabulary's tokens each needs (single-byte, digit-only) once per Generator."""
+        if (kind, spec) not in self._host:
             tables = self._grammars[spec]
-            if self._byte_tokens is None:
-                self._byte_tokens = constrain.vocab_byte_tokens(tables)
-            self._closings[spec] = constrain.closing_of(tables, self._byte_tokens)
-        return self._closings[spec]
+            vocab_tokens, make = self._HOST_TABLES[kind]
+            if kind not in self._vocab_host:
+                self._vocab_host[kind] = vocab_tokens(tables)
+            self._host[kind, spec] = make(tables, self._vocab_host[kind])
+        return self._host[kind, spec]
 
     def _take_cache(self, batch: int, slots: int):
         c = self._cache

@@ -14,8 +14,10 @@ One frozen `BackendProfile` says how programs are built on a backend; there are 
   is updated in place inside the while loops);
 * the first-token clock as a `lax.cond` on the loop counter inside the loop body (one program, no
   second copy of the body);
-* low-precision matrices converted one cache-sized block of output rows at a time inside a
-  `lax.scan` (`weight_formats.packed_product`), and the head's few-row products block-wise.
+* low-precision matrices multiplied by specjax's native kernel (`native_kernels`: an XLA FFI custom call
+  built on first use) for up to `native_max_rows` rows; otherwise, or where it cannot be built, converted
+  one cache-sized block of output rows at a time inside a `lax.scan` (`weight_formats.packed_product`),
+  and the head's few-row products block-wise.
 
 On GPU / TPU these are noise or worse (a fence blocks fusions, a flag another backend does not
 know, a scan serialises a product XLA would fuse), so the accelerator profile uses plain fused ops,
@@ -65,6 +67,9 @@ class BackendProfile:
         blocks (more parallel work per step, more memory).
       min_product_rows: a one-row matrix product (`one_row_padded`: float `Linear`s and the accelerator
         path of packed ones) runs on this many rows, the rest zeros (0: as is). See `one_row_padded`.
+      native_max_rows: products of low-precision matrices with up to this many rows of x run in specjax's
+        native kernel (`native_kernels`, an XLA FFI custom call; XLA:CPU only) when it is available; 0: never.
+        Past ~32 rows XLA's GEMM on converted blocks catches up (docs/performance.md).
       spec_min_accept: the adaptive speculation bar's floor (expected accepted draft tokens per round)
         when `Adaptive.min_expected_accept` is None. A margin over break-even, since a moving average
         overshoots after a lucky streak and a wrongly bought round costs its whole verify forward: on
@@ -87,6 +92,7 @@ class BackendProfile:
     head_blockwise_rows: int = 0
     prefill_chunk: int = 2048
     min_product_rows: int = 0
+    native_max_rows: int = 0
     spec_min_accept: float = 1.0
 
     def live(self, steps: jax.Array) -> jax.Array | None:
@@ -107,7 +113,7 @@ class BackendProfile:
 CPU = BackendProfile("cpu", int8_head=True, live_counter=True, head_barrier=True, first_token_cond=True,
                      compiler_options=tuple(sorted(IN_PLACE_COMPILER_OPTIONS.items())),
                      blockwise=True, gemv_max_cols=4095, head_blockwise_rows=MAX_CHUNKED_ROWS, prefill_chunk=512,
-                     spec_min_accept=2.0)
+                     native_max_rows=32, spec_min_accept=2.0)
 ACCELERATOR = BackendProfile("accelerator", int8_head=False, live_counter=False, head_barrier=False,
                              first_token_cond=False, min_product_rows=8)
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models import native_kernels
 from specjax.models.backend_profile import profile_for
 from specjax.models.config import ConfigError, ModelConfig
 from specjax.models.kv_cache import (
@@ -238,7 +239,9 @@ class Transformer(nnx.Module):
         table, or the dequantized low-precision one on accelerators.
         """
         b, t, d = hidden_btd.shape
-        if self.head_quant is not None and b * t == 1:
+        if self._native_head(b * t):
+            logits = native_kernels.block_quant_product(self.head_quant, hidden_btd.reshape(b * t, d)).reshape(b, t, -1)
+        elif self.head_quant is not None and b * t == 1:
             logits = self.head_quant.matvec(hidden_btd.reshape(1, -1), live).reshape(1, 1, -1)
         elif self._head_in_blocks(b * t):
             # Few rows on CPU (verification, batches): block-wise int8 conversion beats the
@@ -258,7 +261,7 @@ class Transformer(nnx.Module):
     def greedy_tokens(self, hidden_btd: jax.Array, live: jax.Array | None = None) -> jax.Array:
         """argmax of `logits(hidden_btd, live)` (int32 [B, T]); few rows on CPU never build the logits."""
         b, t, d = hidden_btd.shape
-        if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
+        if b * t > 1 and self.cfg.final_logit_softcap is None and self._chunked_head(b * t):
             return self.head_quant.argmax_chunked(hidden_btd.reshape(b * t, d)).reshape(b, t)
         return argmax(self.logits(hidden_btd, live))
 
@@ -266,7 +269,7 @@ class Transformer(nnx.Module):
         """The r most likely tokens of `logits(hidden_btd)`, best first (int32 [B, T, r]; [..., 0] is
         `greedy_tokens`' argmax). Few rows on CPU never build the logits (`BlockQuant.top_k_chunked`)."""
         b, t, d = hidden_btd.shape
-        if b * t > 1 and self.cfg.final_logit_softcap is None and self._head_in_blocks(b * t):
+        if b * t > 1 and self.cfg.final_logit_softcap is None and self._chunked_head(b * t):
             return self.head_quant.top_k_chunked(hidden_btd.reshape(b * t, d), r).reshape(b, t, r)
         return top_k(self.logits(hidden_btd), r)[1]
 
@@ -279,6 +282,15 @@ class Transformer(nnx.Module):
         prof = profile_for()
         return (self.head_quant is not None and prof.blockwise
                 and (rows <= prof.head_blockwise_rows or self._float_table() is None))
+
+    def _native_head(self, rows: int) -> bool:
+        """Whether `rows` head products run in the native kernel (CPU, where it was built; `native_kernels`)."""
+        return (self.head_quant is not None and (rows == 1 or self._head_in_blocks(rows))
+                and native_kernels.applies(self.head_quant, rows, profile_for().native_max_rows))
+
+    def _chunked_head(self, rows: int) -> bool:
+        """Whether argmax / top-k of `rows` head products reduce block by block (`BlockQuant.argmax_chunked`)."""
+        return self._head_in_blocks(rows) and not self._native_head(rows)
 
     def init_cache(self, batch: int, slots: int) -> KVCache:
         c = self.cfg

@@ -13,14 +13,15 @@ Every linear map of the blocks, the embedding and the head take the format; norm
 float32. Inside the jitted step a matrix is dequantized and multiplied as the backend's
 profile says (`backend_profile.profile_for`, the one backend switch):
 
-- XLA:CPU multiplies inside a `lax.scan` over blocks. The scan makes the product's input arrive
-  computed (a loop boundary is opaque to fusion; fused into a gemv, XLA recomputed RMSNorm / GeGLU
-  per output element, which made a fused int8 body slower than float32). One row (batch-1 decode)
-  runs fused matrix-vector dots over (row block, column chunk) pairs, chunks under XLA's 16 KiB
-  vector limit for fusing the conversion into the dot (`BlockQuant.gemv`: Qwen's 8,960-wide down
-  projection went from ~5–20 ms to 1.3 ms). More rows convert one cache-sized block of ≥ 256 output
-  rows at a time and multiply it, instead of packing a whole converted matrix for a GEMM (the
-  multi-row cliff of docs/performance.md). The head's one-row product keeps its fused form (quant.py).
+- XLA:CPU: up to `BackendProfile.native_max_rows` rows go to specjax's native kernel (`native_kernels`)
+  when it could be built. Otherwise XLA:CPU multiplies inside a `lax.scan` over blocks. The scan makes
+  the product's input arrive computed (a loop boundary is opaque to fusion; fused into a gemv, XLA
+  recomputed RMSNorm / GeGLU per output element, which made a fused int8 body slower than float32). One
+  row (batch-1 decode) runs fused matrix-vector dots over (row block, column chunk) pairs, chunks under
+  XLA's 16 KiB vector limit for fusing the conversion into the dot (`BlockQuant.gemv`: Qwen's 8,960-wide
+  down projection went from ~5–20 ms to 1.3 ms). More rows convert one cache-sized block of ≥ 256 output
+  rows at a time and multiply it, instead of packing a whole converted matrix for a GEMM (the multi-row
+  cliff of docs/performance.md). The head's one-row product keeps its fused form (quant.py).
 - Other backends dequantize and call one `dot_general` (XLA fuses the conversion on GPU / TPU).
 """
 
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specjax.models import native_kernels
 from specjax.models.backend_profile import one_row_padded, profile_for
 from specjax.models.config import ConfigError
 from specjax.models.quant import BlockQuant, block_quant_from_gguf
@@ -65,6 +67,8 @@ def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
     prof = profile_for()
     o, i = packed.shape
     x_mi = x.reshape(-1, i)
+    if native_kernels.applies(packed, x_mi.shape[0], prof.native_max_rows):
+        return native_kernels.block_quant_product(packed, x_mi).astype(x.dtype).reshape(*x.shape[:-1], o)
     cols = packed.gemv_columns(prof.gemv_max_cols) if x_mi.shape[0] == 1 and prof.gemv_max_cols else None
     if cols is not None:
         y = packed.gemv(x_mi, block_rows(o, cols, prof.block_bytes), cols)

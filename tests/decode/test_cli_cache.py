@@ -83,9 +83,9 @@ def test_enable_compile_cache_points_jax_at_the_folder(tmp_path, monkeypatch):
 
 
 def test_damaged_weights_are_rebuilt_not_decoded(tmp_path, tiny_gguf, monkeypatch, capsys):
-    """Was: garbage inside weights.safetensors gave exit 0 and empty text."""
+    """Was: garbage inside weights.safetensors gave exit 0 and empty text (the float32 conversion's cache)."""
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-    opts = DecodeOptions(model=str(tiny_gguf), prompt="hello", max_new_tokens=6, quiet=True)
+    opts = DecodeOptions(model=str(tiny_gguf), prompt="hello", max_new_tokens=6, quiet=True, weights="float32")
     assert run(opts) == 0
     expected = capsys.readouterr().out
     (weights,) = (tmp_path / "cache").glob("gguf-*/weights.safetensors")
@@ -99,10 +99,12 @@ def test_damaged_weights_are_rebuilt_not_decoded(tmp_path, tiny_gguf, monkeypatc
     assert "weights.safetensors does not match its checksum (damaged); rebuilding it" in err
 
 
-def test_damaged_model_file_is_one_error_line(tmp_path, tiny_gguf, monkeypatch, capsys):
+@pytest.mark.parametrize("weights", ["auto", "float32", "int8", "q4"])
+def test_damaged_model_file_is_one_error_line(tmp_path, tiny_gguf, monkeypatch, capsys, weights):
+    """Every conversion (float32's, and the packed formats', which auto picks for GGUF files) refuses garbage."""
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     tiny_gguf.write_bytes(tiny_gguf.read_bytes()[:-20_000] + np.random.default_rng(0).bytes(20_000))
-    assert run(DecodeOptions(model=str(tiny_gguf), prompt="hello", max_new_tokens=6, quiet=True)) == 2
+    assert run(DecodeOptions(model=str(tiny_gguf), prompt="hello", max_new_tokens=6, quiet=True, weights=weights)) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tiny_gguf}: tensor ") and err.count("\n") == 1
     assert "the file is damaged; replace it" in err and "Traceback" not in err

@@ -96,7 +96,7 @@ def test_gguf_blocks_are_kept_exactly(qtype, fmt, values_dtype):
 
 
 def test_unknown_format_is_refused_clearly():
-    with pytest.raises(ConfigError, match="weights='int3' is not one of float32, bfloat16, int8, q4"):
+    with pytest.raises(ConfigError, match="weights='int3' is not one of auto, float32, bfloat16, int8, q4"):
         wf.resolve_weights("int3")
 
 
@@ -221,3 +221,24 @@ def test_packed_models_store_fewer_bytes():
 def test_block_quant_refuses_float32_values():
     with pytest.raises(ValueError, match="int8, uint8"):
         BlockQuant(np.zeros((2, 2), np.float32))
+
+
+def test_auto_is_the_files_own_integers_where_the_native_kernel_runs(monkeypatch):
+    """weights=auto: q4 for GGUF files (bit-identical weights) when the CPU kernel runs; float32 for float
+    checkpoints (q4 would be lossy), on accelerators and without the kernel."""
+    import dataclasses
+
+    from specjax.models import backend_profile, native_kernels
+    from specjax.models.loading import resolved_weights
+
+    native = native_kernels.available()
+    assert wf.resolve_weights("auto", gguf=True) == ("q4" if native else "float32")
+    assert wf.resolve_weights("auto", gguf=False) == "float32"
+    assert resolved_weights(None, "auto") == resolved_weights("x.gguf", "auto") == wf.resolve_weights("auto", True)
+    assert resolved_weights("/some/hf_dir", "auto") == "float32"
+    assert resolved_weights(None, "int8") == "int8" and resolved_weights("/some/hf_dir", "q4") == "q4"
+    monkeypatch.setattr(wf, "profile_for", lambda backend=None: backend_profile.ACCELERATOR)
+    assert wf.resolve_weights("auto", gguf=True) == "float32"
+    monkeypatch.setattr(wf, "profile_for", lambda backend=None: dataclasses.replace(backend_profile.CPU))
+    monkeypatch.setattr(native_kernels, "_load", lambda: (None, "no compiler"))
+    assert wf.resolve_weights("auto", gguf=True) == "float32"

@@ -148,6 +148,6 @@ def test_cli_option_loads_the_format_and_refuses_unknown_ones(tmp_path, monkeypa
     path = write_gguf(tmp_path / "tiny.gguf", tensors=gguf_tensors(tiny_weights()))
     assert run(DecodeOptions(model=str(path), weights="int3", prompt="hello", max_new_tokens=2)) == 2
     err = capsys.readouterr().err
-    assert "error: weights='int3' is not one of float32, bfloat16, int8, q4" in err and "Traceback" not in err
+    assert "error: weights='int3' is not one of auto, float32, bfloat16, int8, q4" in err and "Traceback" not in err
     assert run(DecodeOptions(model=str(path), weights="q4", prompt="hello", max_new_tokens=3)) == 0
     assert "weights=q4" in capsys.readouterr().err

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.models.artifacts import cache_root, ensure_dir
 
@@ -43,7 +42,6 @@ _LIBRARY = "libspecjax_block_quant_gemm.so"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300
-_CHUNKS_PER_THREAD = 8  # output-row chunks per pool thread: small enough to balance a noisy machine
 
 
 def _compiler() -> str | None:
@@ -134,9 +132,6 @@ def applies(packed, rows: int, max_rows: int) -> bool:
 def block_quant_product(packed, x_mi: jax.Array) -> jax.Array:
     """x [m, in] @ Wᵀ → float32 [m, out] for a BlockQuant W, through the native kernel (see `applies`)."""
     out, width = packed.shape
-    chunks = max(1, os.cpu_count() or 1) * _CHUNKS_PER_THREAD
-    chunk = 4 * max(1, -(-out // (4 * chunks)))  # whole tiles of 4 output rows
     offset = packed.offset[...] if packed.offset is not None else jnp.zeros((out, 0), jnp.float32)
     call = jax.ffi.ffi_call(target_name(), jax.ShapeDtypeStruct((x_mi.shape[0], out), jnp.float32))
-    return call(x_mi.astype(jnp.float32).reshape(-1, width), packed.values[...], packed.scale[...], offset,
-                chunk_rows=np.int64(chunk))
+    return call(x_mi.astype(jnp.float32).reshape(-1, width), packed.values[...], packed.scale[...], offset)

@@ -97,7 +97,8 @@ def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None])
         stored = tensor_arrays(t, name, fmt, _row_permutation(reader, name))
         # Garbage in a GGUF's data shows up as NaN / inf in the float arrays (a block's scale, a norm), as in
         # the float32 conversion: refused, not decoded into empty or wrong text.
-        _check_finite({k: a.astype(np.float32) for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
+        # (np.isfinite takes bfloat16 as it is: no float32 copy of a whole matrix.)
+        _check_finite({k: a for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
         arrays.update(stored)
     save_file(arrays, str(folder / "weights.safetensors"), metadata={"weights": fmt})
     del arrays

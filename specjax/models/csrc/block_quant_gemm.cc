@@ -9,9 +9,9 @@
 //
 // Why: XLA:CPU runs these products at a third of the memory bandwidth (the conversion is ALU work
 // it vectorizes poorly, and its multi-row form materialises converted blocks); here each weight
-// byte is read from memory once (prefetched a tile ahead), converted in registers (4-bit values through a 16-entry table
-// per scale block, vpermps) and shared by 4 output rows' accumulators, on every thread of XLA's
-// intra-op pool.
+// byte is read from memory once (prefetched a tile ahead) and converted in registers (4-bit values
+// through a 16-entry table per scale block, vpermps), each load of x shared by 4 output rows'
+// accumulators, on every thread of XLA's intra-op pool.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -164,8 +164,7 @@ struct Work {
   }
 };
 
-ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y,
-                int64_t chunk_rows) {
+ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y) {
   auto work = std::make_shared<Work>();
   Problem& p = work->p;
   const auto vdims = values.dimensions();
@@ -179,17 +178,21 @@ ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix sc
   p.nb = scale.dimensions()[1];
   const int64_t block = p.nb ? p.in / p.nb : 0;
   if (vdims[1] != (p.q4 ? p.in / 2 : p.in) || scale.dimensions()[0] != p.out ||
-      block * p.nb != p.in || block % 16 != 0 || (p.q4 && (p.in / 2) % block != 0) || chunk_rows < 1)
+      block * p.nb != p.in || block % 16 != 0 || (p.q4 && (p.in / 2) % block != 0))
     return ffi::Error::InvalidArgument("shapes the native kernel does not take");
   p.x = x.typed_data();
   p.values = values.untyped_data();
   p.scale = scale.typed_data();
   p.offset = offset.element_count() ? offset.typed_data() : nullptr;
   p.y = y->typed_data();
-  work->chunk_rows = chunk_rows;
-  work->n_chunks = (p.out + chunk_rows - 1) / chunk_rows;
-  // The caller works too: one helper fewer than the pool has threads (2 cores: 2 workers, not 3).
-  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, work->n_chunks - 1);
+  // About kChunksPerWorker chunks per worker, whole tiles of 4 output rows: small enough to balance a noisy
+  // machine. The caller works too: one helper fewer than the pool has threads (2 cores: 2 workers, not 3).
+  constexpr int64_t kChunksPerWorker = 8;
+  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
+  const int64_t tiles = (p.out + 3) / 4;
+  work->chunk_rows = 4 * std::max<int64_t>(1, tiles / (workers * kChunksPerWorker));
+  work->n_chunks = (p.out + work->chunk_rows - 1) / work->chunk_rows;
+  const int64_t helpers = std::min<int64_t>(workers - 1, work->n_chunks - 1);
   for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Run(); });
   work->Run();
   while (work->done.load(std::memory_order_acquire) < work->n_chunks) _mm_pause();
@@ -205,5 +208,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxBlockQuantGemm, Gemm,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<Matrix>()
                                   .Arg<Matrix>()
-                                  .Ret<Matrix>()
-                                  .Attr<int64_t>("chunk_rows"));
+                                  .Ret<Matrix>());

@@ -115,9 +115,11 @@ def jax_leaves(module):
 
 
 def specjax_setup(model_name: str | None, weights: str, n_new: int, floors: dict):
+    """`weights` is a format, or FORMAT:a8 for int8 activations (`activations=int8`)."""
     from specjax.decode.generate import GenerateConfig, Generator
     from specjax.models.loading import load_model
-    model, tok = load_model(model_name, weights=weights)
+    fmt, _, acts = weights.partition(":")
+    model, tok = load_model(model_name, weights=fmt, activations="int8" if acts == "a8" else "float32")
     floors[f"specjax {weights}"] = step_bytes(model)
     gen = Generator(model, tok)
 
@@ -207,7 +209,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", default="1,8", help="comma list of batch sizes")
     ap.add_argument("--model", default="gemma3-270m", help="gemma3-270m (embedded) or a .gguf path / model name")
-    ap.add_argument("--weights", default="float32,int8,q4", help="specjax weight formats, e.g. float32,int8,q4")
+    ap.add_argument("--weights", default="float32,int8,q4",
+                    help="specjax weight formats, e.g. float32,int8,q4 (q4:a8 = q4 with activations=int8)")
     ap.add_argument("--hf-threads", default="2", help="torch threads, e.g. 1,2")
     ap.add_argument("--lcpp-threads", default="1,2", help="llama.cpp n_threads, e.g. 1")
     ap.add_argument("--skip-hf", action="store_true")

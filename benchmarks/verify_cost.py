@@ -12,6 +12,7 @@ runs it. With --sampler, also a draw from [B, 262144] logits by `jax.random.cate
 vs `sampling.categorical` (the two-level inverse CDF).
 
     python benchmarks/verify_cost.py [--model gemma3-270m|qwen2.5-coder-1.5b-instruct|PATH] [--weights float32]
+                                     [--activations float32|int8]
                                      [--batch 1,8] [--k 4,8] [--reps 12] [--sampler]
 """
 
@@ -112,12 +113,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a model name or path (default: the embedded Gemma 3 270M)")
     ap.add_argument("--weights", default="float32", help="float32 | bfloat16 | int8 | q4")
+    ap.add_argument("--activations", default="float32", help="float32 | int8 (int8 / q4 weights only)")
     ap.add_argument("--batch", default="1,8")
     ap.add_argument("--k", default="4,8")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--sampler", action="store_true", help="also time one draw over the vocabulary")
     a = ap.parse_args()
-    model, _ = load_model(a.model, weights=a.weights)
+    model, _ = load_model(a.model, weights=a.weights, activations=a.activations)
     batches = [int(x) for x in a.batch.split(",")]
     verify_costs(model, batches, [int(x) for x in a.k.split(",")], a.reps)
     if a.sampler:

@@ -91,7 +91,7 @@ def run(args, setups: dict, todo: list) -> None:
     from specjax.models.loading import load_model
 
     try:
-        model, tok = load_model(args.target, weights=args.weights)
+        model, tok = load_model(args.target, weights=args.weights, activations=args.activations)
     except (ValueError, OSError) as e:  # ModelFileError is a ValueError
         raise fail(str(e)) from None
     out = Path(args.out)
@@ -100,8 +100,8 @@ def run(args, setups: dict, todo: list) -> None:
     gens = {name: SpeculativeGenerator(model, tok) for name in setups}
     for i, (batch, temp, unit) in enumerate(todo):
         cfg = generate_config(args.new_tokens, batch, temp, seed=args.seed)
-        meta = {"target": args.target, "weights": args.weights, "T": temp, "batch": batch,
-                "load": round(os.getloadavg()[0], 2)}
+        meta = {"target": args.target, "weights": args.weights, "activations": args.activations, "T": temp,
+                "batch": batch, "load": round(os.getloadavg()[0], 2)}
         rows = list(measure_unit(plain, gens, setups, unit, cfg, meta, args.reps))
         with out.open("a") as f:  # a unit lands whole or not at all
             f.write("".join(json.dumps(r) + "\n" for r in rows))
@@ -117,6 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="gemma3-270m", help="gemma3-270m | qwen2.5-coder-1.5b-instruct | a path")
     ap.add_argument("--weights", default="float32", help="float32 | bfloat16 | int8 | q4")
+    ap.add_argument("--activations", default="float32", help="float32 | int8 (int8 / q4 weights only)")
     ap.add_argument("--setups", default=DEFAULT_SETUPS)
     ap.add_argument("--temps", default="0,1")
     ap.add_argument("--batch", default="1,8")

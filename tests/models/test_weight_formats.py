@@ -240,5 +240,5 @@ def test_auto_is_the_files_own_integers_where_the_native_kernel_runs(monkeypatch
     monkeypatch.setattr(wf, "profile_for", lambda backend=None: backend_profile.ACCELERATOR)
     assert wf.resolve_weights("auto", gguf=True) == "float32"
     monkeypatch.setattr(wf, "profile_for", lambda backend=None: dataclasses.replace(backend_profile.CPU))
-    monkeypatch.setattr(native_kernels, "_load", lambda: (None, "no compiler"))
+    monkeypatch.setattr(native_kernels, "_load", lambda kind="float32": (None, "no compiler"))
     assert wf.resolve_weights("auto", gguf=True) == "float32"

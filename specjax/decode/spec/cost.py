@@ -72,6 +72,20 @@ def packed_share(model, profile) -> float:
     return packed / target_bytes(model)
 
 
+def product_kernel(model, profile) -> str:
+    """Which products a verify forward of the target runs (`policy.estimated_verify_cost` models each):
+    "int8" (`activations=int8`: every packed product in the VNNI kernel), "native" (packed matrices in the
+    float32 native kernel up to `BackendProfile.native_max_rows` rows), or "xla"."""
+    from specjax.models import native_kernels
+
+    packed = [lin.packed for _, lin in iter_linears(model.blocks) if lin.packed is not None]
+    if any(getattr(p, "tiled", False) for p in packed):
+        return "int8"
+    if packed and profile.native_max_rows and native_kernels.available():
+        return "native"
+    return "xla"
+
+
 def step_fraction(model, bytes_read: int) -> float:
     """Cost of a draft forward that reads `bytes_read` bytes of weights, as a fraction of a target step."""
     return STEP_FIXED + (1.0 - STEP_FIXED) * bytes_read / target_bytes(model)

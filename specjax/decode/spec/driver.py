@@ -17,7 +17,7 @@ import numpy as np
 from specjax.decode import loop
 from specjax.decode.generate import Completion, GenerateConfig, Generator, Stats
 from specjax.decode.spec.config import SpecConfig
-from specjax.decode.spec.cost import draft_cost, max_accept, packed_share
+from specjax.decode.spec.cost import draft_cost, max_accept, packed_share, product_kernel
 from specjax.decode.spec.drafters.base import Drafter
 from specjax.decode.spec.program import speculative_program
 from specjax.models.sharding import LOGICAL_RULES, to_host
@@ -91,7 +91,8 @@ class SpeculativeGenerator(Generator):
         self.draft_params = draft_params if self.mesh_plan is None else self.mesh_plan.replicate(draft_params)
         self._drafters = {}  # drafter options -> (drafter, draft_params) built for them (when drafter is None)
         self._draft_costs = {}  # (drafter, id(draft_params), k) -> draft_cost (walks the weights: ~20 ms)
-        self._packed = packed_share(model, self.profile)  # as the program's RoundContext derives it
+        # as the program's RoundContext derives them
+        self._packed, self._kernel = packed_share(model, self.profile), product_kernel(model, self.profile)
 
     def generate(
         self,
@@ -131,7 +132,7 @@ class SpeculativeGenerator(Generator):
         if key not in self._draft_costs:
             self._draft_costs[key] = draft_cost(drafter, self.model, draft_params, spec.k)
         cost = self._draft_costs[key]
-        note = policy.off_note(b, spec.k, greedy, cost, max_accept(drafter, spec.k), self._packed)
+        note = policy.off_note(b, spec.k, greedy, cost, max_accept(drafter, spec.k), self._packed, self._kernel)
         if note and note not in self._notes:
             self._notes.append(note)
         return bool(note)

@@ -99,32 +99,37 @@ class Adaptive:
         floor = profile_for().spec_min_accept if self.min_expected_accept is None else self.min_expected_accept
         return min(floor, 0.75 * k)
 
-    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
+    def round_cost(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0,
+                   kernel: str = "xla") -> float:
         """A speculative round's cost in plain rounds; `draft_cost` is what the drafter's k-token draft
-        costs in plain rounds (0 for cheap drafters), `packed` the target's `cost.packed_share`."""
+        costs in plain rounds (0 for cheap drafters), `packed` the target's `cost.packed_share`, `kernel`
+        its `cost.product_kernel`."""
         if self.verify_cost is not None:
             return self.verify_cost
-        return estimated_verify_cost(b, k, greedy, packed) + draft_cost
+        return estimated_verify_cost(b, k, greedy, packed, kernel) + draft_cost
 
-    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0) -> float:
+    def bar(self, b: int, k: int, greedy: bool, draft_cost: float = 0.0, packed: float = 0.0,
+            kernel: str = "xla") -> float:
         """The expected accepted draft tokens a row needs for a speculative round to pay (see `wants`)."""
-        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost, packed) - 1.0)
+        return max(self.threshold(k), self.round_cost(b, k, greedy, draft_cost, packed, kernel) - 1.0)
 
-    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0) -> bool:
+    def off(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0,
+            kernel: str = "xla") -> bool:
         """Whether a round that accepts all it can (max_accept + 1 tokens) gains less than min_best_gain."""
-        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost, packed)
+        return max_accept + 1 < self.min_best_gain * self.round_cost(b, k, greedy, draft_cost, packed, kernel)
 
-    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0) -> str:
+    def off_note(self, b: int, k: int, greedy: bool, draft_cost: float, max_accept: int, packed: float = 0.0,
+                 kernel: str = "xla") -> str:
         """Why speculation is off, for the stats line ("" when it is on)."""
-        if not self.off(b, k, greedy, draft_cost, max_accept, packed):
+        if not self.off(b, k, greedy, draft_cost, max_accept, packed, kernel):
             return ""
-        cost = self.round_cost(b, k, greedy, draft_cost, packed)
+        cost = self.round_cost(b, k, greedy, draft_cost, packed, kernel)
         return (f"speculation off at batch {b}: a round would cost ~{cost:.1f} plain steps for at most "
                 f"{max_accept + 1} tokens, a best case below {self.min_best_gain:g}x (override: min_best_gain / "
                 f"spec_min_best_gain=0, or verify_cost / spec_verify_cost=)")
 
 
-def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> float:
+def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0, kernel: str = "xla") -> float:
     """A speculative round's cost in plain rounds: (b, k+1)-token forward and verification vs a (b, 1) step.
 
     Measured on 2-core XLA:CPU (docs/benchmarks.md, "verify cost"). Batch 1, whole rounds: Qwen2.5-Coder
@@ -144,9 +149,20 @@ def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0) -> 
     profile's `min_product_rows`, 1.2x faster); batch 8: 1.60-1.80 and 1.76-2.20. Modelled as
     1 + k · (0.02 + 0.01 (b - 1)): 1.16 / 1.72 at k = 8, batch 1 / 8 (a batch's k+1 positions per row
     stop being free as the rows multiply).
+
+    specjax's native CPU kernels (`kernel`, `cost.product_kernel`; benchmarks/verify_cost.py on Qwen2.5-Coder
+    1.5B and Gemma 3 270M q4, greedy and sampled alike, docs/benchmarks.md "Int8 activations"): the float32
+    kernel at batch 1 (k + 1 ≤ `BackendProfile.native_max_rows` rows) 1.63-1.85 (k=4) / 2.46-2.85 (k=8),
+    modelled as 0.85 + 0.25 k; at batch 8 (72 rows: XLA's blocks) 3.65-5.71 / 5.00-7.67, modelled by the
+    dearer (Qwen) as 3.7 + 0.5 k; the int8 activation kernel (every row count) 1.45-1.50 / 2.02-2.21 at
+    batch 1, modelled as 0.8 + 0.17 k, and 1.98-2.42 / 2.87-3.74 at batch 8, modelled as 1 + 0.34 k.
     """
     if jax.default_backend() != "cpu":
         return 1.0 + k * (0.02 + 0.01 * (b - 1))
+    if kernel == "int8":
+        return 0.8 + 0.17 * k if b == 1 else 1.0 + 0.34 * k
+    if kernel == "native":
+        return 0.85 + 0.25 * k if b * (k + 1) <= profile_for().native_max_rows else 3.7 + 0.5 * k
     if b == 1:
         return (1.8 + 0.18 * k) * (1.0 + PACKED_VERIFY_EXTRA * packed)
     per_row = 0.3 if greedy or b * (k + 1) <= MAX_CHUNKED_ROWS else 0.9

@@ -26,7 +26,7 @@ from specjax.decode.backend import BackendProfile, profile_for
 from specjax.decode.errors import GenerationError
 from specjax.decode.sampling import SamplingConfig
 from specjax.decode.spec import trees as tree_lib
-from specjax.decode.spec.cost import draft_cost, max_accept, packed_share
+from specjax.decode.spec.cost import draft_cost, max_accept, packed_share, product_kernel
 from specjax.decode.spec.drafters.base import Draft, DraftSampling, DraftView, Observation, is_cheap
 from specjax.decode.spec.state import SpecRow, SpecState
 from specjax.decode.spec.verify import greedy_verify, sampling_verify, tree_greedy_verify, tree_sampling_verify
@@ -53,6 +53,7 @@ class RoundContext:
       profile: the backend's profile (`models/backend_profile.py`).
       cheap, drafting_cost: what a draft costs (`Drafter.cheap`, `cost.draft_cost`), derived once.
       packed: the target's `cost.packed_share` on this backend (what packed weights add to a verify).
+      kernel: the target's `cost.product_kernel` (which products its verify forward runs).
       observe_top_k: r > 0 when the drafter wants the target's top-r tokens at every verified block row
         (`Drafter.observe_top_k`, `Observation.block_top_btr`), else 0.
       taps: target blocks whose outputs the drafter reads (`Drafter.feature_layers`, EAGLE-3), else ().
@@ -76,6 +77,7 @@ class RoundContext:
     observe_top_k: int = 0
     packed: float = 0.0
     taps: tuple[int, ...] = ()
+    kernel: str = "xla"
 
     @classmethod
     def create(cls, model, draft_params, k: int, drafter, sampling: SamplingConfig, temperature, top_p, max_new,
@@ -84,16 +86,16 @@ class RoundContext:
         profile = profile or profile_for()
         return cls(model, draft_params, k, drafter, sampling, temperature, top_p, max_new, eos_ids, stop_tables,
                    adapt, grammar, profile, is_cheap(drafter), cost, int(getattr(drafter, "observe_top_k", 0)),
-                   packed_share(model, profile), feature_layers(drafter))
+                   packed_share(model, profile), feature_layers(drafter), product_kernel(model, profile))
 
     def bar(self, b: int) -> float:
         """The policy's bar (`policy.Adaptive.bar`) for a batch of b rows of this round's setup."""
-        return self.adapt.bar(b, self.k, self.sampling.greedy, self.drafting_cost, self.packed)
+        return self.adapt.bar(b, self.k, self.sampling.greedy, self.drafting_cost, self.packed, self.kernel)
 
     def policy_off(self, b: int) -> bool:
         """Whether the policy switches speculation off at batch b (`policy.Adaptive.off`)."""
         return self.adapt.off(b, self.k, self.sampling.greedy, self.drafting_cost, max_accept(self.drafter, self.k),
-                              self.packed)
+                              self.packed, self.kernel)
 
     @property
     def static_top_p(self):

@@ -15,10 +15,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
 
+#include "chunked_work.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__)
@@ -31,15 +30,7 @@ using Result = ffi::ResultBuffer<ffi::F32, 2>;
 
 namespace {
 
-struct Problem {
-  const float* x;       // [m, in]
-  const void* values;   // uint8 [out, in / 2] or int8 [out, in]
-  const float* scale;   // [out, nb]
-  const float* offset;  // [out, nb] or null
-  float* y;             // [m, out]
-  int64_t m, out, in, nb;
-  bool q4;
-};
+using Problem = specjax::GemmArgs;  // row-major values and [out, nb] scales
 
 inline __m512 Affine(__m512 q, const float* s, const float* off) {
   const __m512 p = _mm512_mul_ps(q, _mm512_set1_ps(*s));
@@ -147,65 +138,15 @@ void Chunk(const Problem& p, int64_t o0, int64_t o1) {
   }
 }
 
-// Chunks of output rows claimed one at a time by the calling thread and by helpers on XLA's pool.
-// Helpers that start late find nothing left; the caller never waits for a helper that has not
-// claimed a chunk, so a busy pool cannot deadlock it. Heap-held: a late helper may outlive the call.
-struct Work {
-  Problem p;
-  int64_t chunk_rows = 0, n_chunks = 0;
-  std::atomic<int64_t> next{0}, done{0};
-
-  void Run() {
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < n_chunks;) {
-      const int64_t o0 = c * chunk_rows;
-      Chunk(p, o0, std::min(p.out, o0 + chunk_rows));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y) {
-  auto work = std::make_shared<Work>();
-  Problem& p = work->p;
-  const auto vdims = values.dimensions();
-  if (vdims.size() != 2) return ffi::Error::InvalidArgument("values must be a matrix");
-  p.q4 = values.element_type() == ffi::DataType::U8;
-  if (!p.q4 && values.element_type() != ffi::DataType::S8)
-    return ffi::Error::InvalidArgument("values must be uint8 (4-bit pairs) or int8");
-  p.m = x.dimensions()[0];
-  p.in = x.dimensions()[1];
-  p.out = vdims[0];
-  p.nb = scale.dimensions()[1];
-  const int64_t block = p.nb ? p.in / p.nb : 0;
-  if (vdims[1] != (p.q4 ? p.in / 2 : p.in) || scale.dimensions()[0] != p.out ||
-      block * p.nb != p.in || block % 16 != 0 || (p.q4 && (p.in / 2) % block != 0))
-    return ffi::Error::InvalidArgument("shapes the native kernel does not take");
-  p.x = x.typed_data();
-  p.values = values.untyped_data();
-  p.scale = scale.typed_data();
-  p.offset = offset.element_count() ? offset.typed_data() : nullptr;
-  p.y = y->typed_data();
-  // About kChunksPerWorker chunks per worker, whole tiles of 4 output rows: small enough to balance a noisy
-  // machine. The caller works too: one helper fewer than the pool has threads (2 cores: 2 workers, not 3).
-  constexpr int64_t kChunksPerWorker = 8;
-  const int64_t workers = std::max<int64_t>(1, pool.num_threads());
-  const int64_t tiles = (p.out + 3) / 4;
-  work->chunk_rows = 4 * std::max<int64_t>(1, tiles / (workers * kChunksPerWorker));
-  work->n_chunks = (p.out + work->chunk_rows - 1) / work->chunk_rows;
-  const int64_t helpers = std::min<int64_t>(workers - 1, work->n_chunks - 1);
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([work] { work->Run(); });
-  work->Run();
-  while (work->done.load(std::memory_order_acquire) < work->n_chunks) _mm_pause();
+  auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
+  Problem& p = work->problem;
+  if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;
+  work->run_chunk = Chunk;
+  specjax::RunChunked(pool, work, p.out, 4);  // chunks of whole tiles of 4 output rows
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxBlockQuantGemm, Gemm,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<Matrix>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<Matrix>()
-                                  .Arg<Matrix>()
-                                  .Ret<Matrix>());
+SPECJAX_GEMM_HANDLER(SpecjaxBlockQuantGemm, Gemm)

@@ -164,8 +164,34 @@ def test_packed_blocks_make_a_batch_1_verify_dearer_where_one_row_has_its_own_pa
     assert Adaptive(verify_cost=2.5).bar(1, 8, True, 0.0, share) == 2.0  # a given round cost covers it
     ctx = RoundContext.create(model, (), 8, NgramDrafter(), SamplingConfig(), 0.0, 1.0, 16, (), None,
                               adapt=policy, profile=cpu)
-    assert ctx.packed == share and ctx.bar(1) == policy.bar(1, 8, True, 0.0, share)
+    assert ctx.packed == share and ctx.kernel == cost.product_kernel(model, cpu)
+    assert ctx.bar(1) == policy.bar(1, 8, True, 0.0, share, ctx.kernel)
     assert not ctx.policy_off(1)  # 9 tokens for ~3.9 plain steps: still worth probing
+
+
+def test_the_verify_estimate_follows_the_kernel_that_runs_the_products():
+    """Native CPU kernels make a verify forward cheaper in plain steps than XLA's block-wise products (batch 1)
+    and the int8 activation kernel cheaper still, at batch 8 too (benchmarks/verify_cost.py)."""
+    import dataclasses
+
+    from specjax.models import native_kernels
+    from specjax.models.int8_activations import tile_model
+
+    model = Transformer(tiny_config(d_model=64, n_heads=4, head_dim=16, ffn_dim=128), rngs=nnx.Rngs(0))
+    cpu = profile_for("cpu")
+    assert cost.product_kernel(model, cpu) == "xla"  # float32: nothing packed
+    pack_model(model, "q4")
+    no_native = dataclasses.replace(cpu, native_max_rows=0)
+    assert cost.product_kernel(model, no_native) == "xla"
+    assert cost.product_kernel(model, cpu) == ("native" if native_kernels.available() else "xla")
+    share = cost.packed_share(model, cpu)
+    for k in (4, 8):
+        xla, native, int8 = (estimated_verify_cost(1, k, True, share, kern) for kern in ("xla", "native", "int8"))
+        assert int8 < native < xla
+        assert estimated_verify_cost(8, k, True, share, "int8") < estimated_verify_cost(8, k, True, share, "native")
+    if native_kernels.available("int8"):
+        tile_model(model)
+        assert cost.product_kernel(model, cpu) == "int8"
 
 
 def test_deep_layer_skip_is_switched_off_on_cpu_but_a_shallow_small_head_is_not():

@@ -1,0 +1,191 @@
+// Integer matrix products for specjax's BlockQuant matrices on XLA:CPU with int8 activations (an XLA
+// FFI custom call; specjax/models/native_kernels.py builds, loads and calls it).
+//
+// y[m, o] = sum_b sx[m, b] * (scale[o, b] * sum_{i in b} q[o, i] * x8[m, i] - offset[o, b] * sum_{i in b} x8[m, i])
+//
+// x is quantized here, per row and per block of the matrix's columns: x8 = round(x * 127 / amax),
+// sx = amax / 127 (what llama.cpp does with its q8 activations, on finer blocks). The sums over a block
+// are exact integer arithmetic (AVX-512 VNNI, vpdpbusd: 64 products per instruction, four times the
+// float32 FMA rate, no conversion of the weights to float); the float32 combination of the blocks runs in
+// one fixed order, so a row's result does not depend on how many rows the call has or which thread ran
+// it: a verification of k + 1 rows gives each row exactly what a one-row decoding step gives it.
+//
+// Layout ("tiles of 16 output rows", made by `int8_activations.tile_arrays`, same array shapes as the
+// row-major BlockQuant): the bytes of 16 output rows are one contiguous tile in which the rows' 4-byte
+// words alternate: word w of rows 0..15, then word w + 1, ... so each 64-byte vector holds one word per
+// output row (one vpdpbusd lane each). A word is 4 int8 values (stored signed, flipped to q + 128 here:
+// vpdpbusd multiplies unsigned by signed bytes; 128 · Σx8 is subtracted), or 4 bytes of 4-bit pairs
+// whose low nibbles are columns c..c+3 and high nibbles columns in/2 + c..c+3 (BlockQuant's own pairing),
+// so the low and high nibbles of one vector feed two different scale blocks.
+// The scale (offset) of a tile is [nb][16] floats, so one vector load gives 16 output rows' scales.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "chunked_work.h"
+#include "xla/ffi/api/ffi.h"
+
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "specjax's int8 activation kernel needs AVX-512 (F, BW, VNNI); the float32 kernels are used instead"
+#endif
+
+namespace ffi = xla::ffi;
+using Matrix = ffi::Buffer<ffi::F32, 2>;
+using Result = ffi::ResultBuffer<ffi::F32, 2>;
+
+namespace {
+
+constexpr int64_t kLanes = 16;  // output rows per tile: one int32 lane of a vector each
+constexpr int kMaxRows = 8;     // rows of x per register tile
+
+// values: tiles of 16 output rows (see above); scale, offset: [out / 16][nb][16].
+struct Problem : specjax::GemmArgs {
+  std::vector<int8_t> x8;     // [m, in]
+  std::vector<float> sx;      // [m, nb]
+  std::vector<int32_t> xsum;  // [m, nb]
+};
+
+// x8, sx and xsum for rows [r0, r1): round to nearest even (the default MXCSR mode), one scale per block.
+void Quantize(Problem& p, const float* x, int64_t r0, int64_t r1) {
+  const int64_t B = p.block;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < p.nb; ++b) {
+      const float* xb = x + r * p.in + b * B;
+      int8_t* qb = p.x8.data() + r * p.in + b * B;
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t k = 0; k < B; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
+      const float a = _mm512_reduce_max_ps(amax);
+      const float inv = a > 0.0f ? 127.0f / a : 0.0f;
+      __m512i sum = _mm512_setzero_si512();
+      for (int64_t k = 0; k < B; k += 16) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + k), _mm512_set1_ps(inv)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + k), _mm512_cvtsepi32_epi8(q));
+        sum = _mm512_add_epi32(sum, q);
+      }
+      p.sx[r * p.nb + b] = a / 127.0f;
+      p.xsum[r * p.nb + b] = _mm512_reduce_add_epi32(sum);
+    }
+  }
+}
+
+inline __m512i Bcast(const int8_t* at) {
+  int32_t v;
+  std::memcpy(&v, at, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// The integer sums of one scale block for MR rows of x: `words` vectors from w (nibble: 0 = int8 values,
+// 1 = low nibbles, 2 = high nibbles) against x8 from xb.
+template <int MR>
+inline void BlockSums(__m512i (&d)[MR], const uint8_t* w, int64_t words, int nibble, const int8_t* xb, int64_t in) {
+  const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int r = 0; r < MR; ++r) d[r] = _mm512_setzero_si512();
+  for (int64_t v = 0; v < words; ++v, w += 64) {
+    const __m512i raw = _mm512_loadu_si512(w);
+    const __m512i u = nibble == 0   ? _mm512_xor_si512(raw, flip)
+                      : nibble == 1 ? _mm512_and_si512(raw, low)
+                                    : _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    for (int r = 0; r < MR; ++r) d[r] = _mm512_dpbusd_epi32(d[r], u, Bcast(xb + r * in + 4 * v));
+  }
+}
+
+// acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (the int8 form's Σ (q + 128) x8
+// first loses 128 · Σ x8).
+template <int MR, bool OFF>
+inline void Combine(const Problem& p, __m512 (&acc)[MR], const __m512i (&d)[MR], int64_t m0, int64_t b,
+                    const float* sc, const float* of) {
+  const __m512 s = _mm512_loadu_ps(sc + b * kLanes);
+  const __m512 o = OFF ? _mm512_loadu_ps(of + b * kLanes) : s;
+  for (int r = 0; r < MR; ++r) {
+    const int64_t at = (m0 + r) * p.nb + b;
+    const __m512i di = p.q4 ? d[r] : _mm512_sub_epi32(d[r], _mm512_set1_epi32(128 * p.xsum[at]));
+    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(di), s);
+    if (OFF) t = _mm512_fnmadd_ps(o, _mm512_set1_ps(static_cast<float>(p.xsum[at])), t);
+    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(p.sx[at]), acc[r]);
+  }
+}
+
+// MR rows of x (from m0) times the 16 output rows of tile g. Blocks are combined in one fixed order
+// (4-bit: b, b + nb / 2, b + 1, ...; int8: 0, 1, ...), whatever MR is.
+template <int MR, bool OFF>
+void Tile(const Problem& p, int64_t m0, int64_t g) {
+  const int64_t B = p.block, nb = p.nb;
+  const uint8_t* w = static_cast<const uint8_t*>(p.values) + g * kLanes * (p.q4 ? p.in / 2 : p.in);
+  const float* sc = p.scale + g * kLanes * nb;
+  const float* of = OFF ? p.offset + g * kLanes * nb : nullptr;
+  const int8_t* x8 = p.x8.data() + m0 * p.in;
+  __m512 acc[MR];
+  __m512i d[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  if (p.q4) {
+    const int64_t half = p.in / 2, words = B / 4;  // a block of low (high) nibbles: B bytes per row
+    for (int64_t b = 0; b < nb / 2; ++b, w += 64 * words) {
+      BlockSums<MR>(d, w, words, 1, x8 + b * B, p.in);
+      Combine<MR, OFF>(p, acc, d, m0, b, sc, of);
+      BlockSums<MR>(d, w, words, 2, x8 + half + b * B, p.in);
+      Combine<MR, OFF>(p, acc, d, m0, b + nb / 2, sc, of);
+    }
+  } else {
+    const int64_t words = B / 4;
+    for (int64_t b = 0; b < nb; ++b, w += 64 * words) {
+      BlockSums<MR>(d, w, words, 0, x8 + b * B, p.in);
+      Combine<MR, OFF>(p, acc, d, m0, b, sc, of);
+    }
+  }
+  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(p.y + (m0 + r) * p.out + g * kLanes, acc[r]);
+}
+
+template <int MR>
+void TileAny(const Problem& p, int64_t m0, int64_t g) {
+  p.offset ? Tile<MR, true>(p, m0, g) : Tile<MR, false>(p, m0, g);
+}
+
+// Rows m0.. of x (at most kMaxRows) times tile g.
+void Rows(const Problem& p, int64_t m0, int64_t g) {
+  switch (std::min<int64_t>(kMaxRows, p.m - m0)) {
+    case 8: TileAny<8>(p, m0, g); break;
+    case 7: TileAny<7>(p, m0, g); break;
+    case 6: TileAny<6>(p, m0, g); break;
+    case 5: TileAny<5>(p, m0, g); break;
+    case 4: TileAny<4>(p, m0, g); break;
+    case 3: TileAny<3>(p, m0, g); break;
+    case 2: TileAny<2>(p, m0, g); break;
+    default: TileAny<1>(p, m0, g); break;
+  }
+}
+
+// Tiles [g0, g1) for every row of x, spans of tiles small enough to stay in L2 while the row tiles of x
+// pass over them (the weights are read from memory once per call, x from cache).
+void Chunk(const Problem& p, int64_t g0, int64_t g1) {
+  const int64_t tile_bytes = kLanes * (p.q4 ? p.in / 2 : p.in);
+  const int64_t span = std::max<int64_t>(1, (256 << 10) / tile_bytes);
+  for (int64_t s0 = g0; s0 < g1; s0 += span) {
+    const int64_t s1 = std::min(g1, s0 + span);
+    for (int64_t m0 = 0; m0 < p.m; m0 += kMaxRows)
+      for (int64_t g = s0; g < s1; ++g) Rows(p, m0, g);
+  }
+}
+
+ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y) {
+  auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
+  Problem& p = work->problem;
+  if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;
+  if (p.out % kLanes != 0 || p.block > 64 || (p.q4 && p.nb % 2 != 0))
+    return ffi::Error::InvalidArgument("shapes the int8 activation kernel does not take");
+  if (p.m == 0) return ffi::Error::Success();
+  p.x8.resize(p.m * p.in);
+  p.sx.resize(p.m * p.nb);
+  p.xsum.resize(p.m * p.nb);
+  Quantize(p, p.x, 0, p.m);
+  work->run_chunk = Chunk;
+  specjax::RunChunked(pool, work, p.out / kLanes, 1);  // chunks of whole tiles
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+SPECJAX_GEMM_HANDLER(SpecjaxInt8ActivationGemm, Gemm)

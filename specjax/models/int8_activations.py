@@ -1,0 +1,186 @@
+"""`activations=int8`: low-precision matrices multiplied with int8 activations on XLA:CPU (W4A8 / W8A8).
+
+With `weights=q4|int8` the float32 native kernel (`native_kernels`, "float32") converts every weight to
+float32 and multiplies in float32; that conversion and the FMAs make a product of more than a few rows
+compute-bound on a CPU (a verification of 9 rows cost 3–4.5 one-row products). llama.cpp instead
+quantizes the activations to int8 and sums integer products. The "int8" native kernel does the same:
+each row of x is quantized per block of the matrix's columns (x8 = round(127·x / max|x|), one float32
+scale per block: finer than llama.cpp's blocks of 256), the block sums are exact integer dot products
+(AVX-512 VNNI, 64 per instruction), and the blocks are combined in float32 in one fixed order. A row's
+result is therefore the same whatever the number of rows in the call: speculative verification gives
+each row exactly what a one-row step gives it, so greedy speculative output still equals plain greedy.
+
+The numbers change (an activation rounding per element, relative step 1/254 of a block's largest |x|):
+docs/performance.md reports the greedy agreement and perplexity against float32 on both real models.
+`activations=float32` (the default) keeps the bit-identical weights and float32 products.
+
+The kernel reads each matrix in tiles of 16 output rows (csrc/int8_activation_gemm.cc explains the
+layout): `tile_model` re-lays every packed matrix of a loaded model, in place, as a `TiledBlockQuant`
+with the same array shapes (sharding rules and byte counts stay valid). Every product of a tiled matrix
+runs in the kernel, whatever its row count (prefill too); lookups (`rows`) and `dequantized` undo the
+layout, so any other use stays correct.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models import native_kernels
+from specjax.models.config import ConfigError
+from specjax.models.quant import BlockQuant, QuantBuffer, _get
+from specjax.models.reductions import argmax
+
+ACTIVATION_CHOICES = ("float32", "int8")
+LANES = 16  # output rows per tile (one int32 lane of an AVX-512 vector each)
+MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
+
+
+def check(activations: str, weights: str) -> None:
+    """Checks an `activations=` option against the resolved `weights=` format (one clear line otherwise)."""
+    if activations not in ACTIVATION_CHOICES:
+        raise ConfigError(f"activations={activations!r} is not one of {', '.join(ACTIVATION_CHOICES)}")
+    if activations == "int8":
+        if weights not in ("int8", "q4"):
+            raise ConfigError(f"activations=int8 needs weights=int8 or q4 (or auto resolving to one), not {weights}")
+        if not native_kernels.available("int8"):
+            raise ConfigError("activations=int8 needs specjax's int8 CPU kernel (AVX-512 VNNI), unavailable here: "
+                              f"{native_kernels.unavailable_reason('int8')}")
+
+
+def _block(out: int, width: int, nb: int, q4: bool) -> int:
+    """The kernel's block width for a matrix with nb scale blocks (raises on shapes it cannot take)."""
+    block = width // nb
+    if block > MAX_BLOCK and block % MAX_BLOCK == 0:
+        block = MAX_BLOCK
+    if out % LANES or block % 16 or block > 64 or (q4 and (width // 2) % block):
+        raise ConfigError(f"activations=int8 cannot take a {out} x {width} matrix with scale blocks of {width // nb}")
+    return block
+
+
+def _words(values: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(values).view(np.uint32)
+
+
+def tile_arrays(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | None):
+    """(values, scale, offset) of a row-major BlockQuant → the kernel's tiles (same shapes; numpy).
+
+    Values: within each tile of 16 rows the rows' 4-byte words alternate (a transpose of uint32
+    [16, words] per tile). Scales [out, nb] → [tiles, nb, 16]. Scale blocks wider than MAX_BLOCK
+    columns are split (their scale and offset repeated), so x is quantized at least that finely.
+    """
+    q4 = values.dtype == np.uint8
+    out, nbytes = values.shape
+    width = nbytes * (2 if q4 else 1)
+    block = _block(out, width, scale.shape[1], q4)
+    reps = width // scale.shape[1] // block
+    if reps > 1:
+        scale = np.repeat(scale, reps, axis=1)
+        offset = None if offset is None else np.repeat(offset, reps, axis=1)
+    nb, g = width // block, out // LANES
+    tiled = _words(values).reshape(g, LANES, nbytes // 4).transpose(0, 2, 1)
+    tiled = np.ascontiguousarray(tiled).view(values.dtype).reshape(out, nbytes)
+
+    def per_tile(a):
+        return None if a is None else np.ascontiguousarray(
+            np.asarray(a, np.float32).reshape(g, LANES, nb).transpose(0, 2, 1).reshape(out, nb))
+    return tiled, per_tile(scale), per_tile(offset)
+
+
+def untile_values(tiled: jax.Array) -> jax.Array:
+    """Whole tiles of a tiled matrix back to BlockQuant's row-major values (jnp: works in-graph)."""
+    out, nbytes = tiled.shape
+    words = jax.lax.bitcast_convert_type(tiled.reshape(out // LANES, nbytes // 4, LANES, 4), jnp.uint32)
+    rows = jax.lax.bitcast_convert_type(words.transpose(0, 2, 1), tiled.dtype)  # [g, 16, words, 4]
+    return rows.reshape(out, nbytes)
+
+
+def untile_blocks(a: jax.Array) -> jax.Array:
+    """A tiled [out, nb] scale (offset) back to row-major."""
+    out, nb = a.shape
+    return a.reshape(out // LANES, nb, LANES).transpose(0, 2, 1).reshape(out, nb)
+
+
+class TiledBlockQuant(BlockQuant):
+    """A BlockQuant laid out for the int8 activation kernel; every product goes through that kernel."""
+
+    tiled = True
+
+    def __init__(self, values, scale, offset=None):
+        self.values = QuantBuffer(jnp.asarray(values))
+        self.scale = QuantBuffer(jnp.asarray(scale, jnp.float32))
+        self.offset = None if offset is None else QuantBuffer(jnp.asarray(offset, jnp.float32))
+
+    @classmethod
+    def from_block_quant(cls, packed: BlockQuant) -> TiledBlockQuant:
+        np_or_none = lambda v: None if v is None else np.asarray(v[...])
+        return cls(*tile_arrays(np.asarray(packed.values[...]), np_or_none(packed.scale), np_or_none(packed.offset)))
+
+    def _row_major(self, values: jax.Array, scale: jax.Array, offset: jax.Array | None) -> BlockQuant:
+        off = None if offset is None else untile_blocks(offset)
+        return BlockQuant(untile_values(values), untile_blocks(scale), off)
+
+    def dequantized(self, live: jax.Array | None = None) -> jax.Array:
+        return self._row_major(self.values[...], self.scale[...], _get(self.offset)).dequantized(live)
+
+    def rows(self, ids: jax.Array) -> jax.Array:
+        """Rows `ids` (an embedding lookup): the tiles holding them, back to row-major, then the rows."""
+        flat = ids.reshape(-1)
+
+        def take(a):  # the tiles holding the rows, as [n * 16, per_row]
+            t = jnp.take(a.reshape(-1, LANES * a.shape[1]), flat // LANES, axis=0)
+            return t.reshape(-1, a.shape[1])
+        off = None if self.offset is None else take(self.offset[...])
+        tiles = self._row_major(take(self.values[...]), take(self.scale[...]), off)
+        own = jnp.arange(flat.shape[0]) * LANES + flat % LANES
+        return tiles.rows(own).reshape(*ids.shape, self.shape[1])
+
+    def matvec(self, x_1i: jax.Array, live: jax.Array | None = None) -> jax.Array:
+        return native_kernels.block_quant_product(self, x_1i)
+
+    def matmul_chunked(self, x_mi: jax.Array, chunk: int = 0) -> jax.Array:
+        return native_kernels.block_quant_product(self, x_mi)
+
+    def argmax_chunked(self, x_mi: jax.Array, chunk: int = 0) -> jax.Array:
+        return argmax(native_kernels.block_quant_product(self, x_mi))
+
+    def top_k_chunked(self, x_mi: jax.Array, r: int, chunk: int = 0) -> jax.Array:
+        return jax.lax.top_k(native_kernels.block_quant_product(self, x_mi), r)[1]
+
+    def gemv_columns(self, max_cols: int) -> int | None:
+        return None
+
+
+def tileable(packed: BlockQuant) -> bool:
+    """Whether the int8 activation kernel takes this matrix (scaled int8 / 4-bit values, 16-row tiles, blocks)."""
+    if packed.scale is None:
+        return False
+    out, width = packed.shape
+    try:
+        _block(out, width, packed.n_blocks, packed.values.dtype == jnp.uint8)
+    except ConfigError:
+        return False
+    return True
+
+
+def tile_model(model) -> int:
+    """Re-lays the packed matrices of `model` (linear maps, embedding, head) for the int8 activation kernel,
+    in place, and returns how many it took. A matrix it cannot take (bfloat16, rows not a multiple of 16)
+    stays as it is, multiplied with float32 activations; a tied embedding and head stay one object."""
+    from specjax.models.weight_formats import iter_linears
+
+    done: dict[int, BlockQuant] = {}
+
+    def tiled(packed):
+        if packed is None or isinstance(packed, TiledBlockQuant) or not tileable(packed):
+            return packed
+        if id(packed) not in done:
+            done[id(packed)] = TiledBlockQuant.from_block_quant(packed)
+        return done[id(packed)]
+
+    for _, lin in iter_linears(model):
+        lin.packed = tiled(lin.packed)
+    model.embed_packed = tiled(model.embed_packed)
+    model.head_quant = tiled(model.head_quant)
+    return len(done)

@@ -1,0 +1,150 @@
+"""`activations=int8`: the VNNI kernel (csrc/int8_activation_gemm.cc) and its tiled matrices (`int8_activations`).
+
+The kernel must compute exactly the documented arithmetic (x quantized per row and block, integer block
+sums, float32 combination) for every layout it takes; a row's result must not depend on how many rows
+the call has (speculative verification gives each row what a one-row step gives it: greedy speculative
+output equals plain greedy); the tiled layout must keep lookups and dequantization exact; refusals are
+one clear line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ByteTokenizer, tiny_config
+from flax import nnx
+from test_native_kernels import LAYOUTS, _matrix
+
+from specjax.models import native_kernels, transformer, weight_formats
+from specjax.models.config import ConfigError
+from specjax.models.int8_activations import TiledBlockQuant, check, tile_model
+from specjax.models.quant import BlockQuant
+
+
+def _vnni() -> bool:
+    try:
+        return " avx512_vnni" in Path("/proc/cpuinfo").read_text() and native_kernels._compiler() is not None
+    except OSError:
+        return False
+
+
+needs_kernel = pytest.mark.skipif(not native_kernels.available("int8"),
+                                  reason=f"int8 kernel unavailable: {native_kernels.unavailable_reason('int8')}")
+
+
+def _reference(packed: BlockQuant, x: np.ndarray) -> np.ndarray:
+    """The documented arithmetic in float64: x8 = rint(float32(x · float32(127 / amax))) per block of 32
+    (or the matrix's smaller blocks), y = Σ_b sx_b · (scale_b · Σ q x8 − offset_b · Σ x8)."""
+    w_int = np.asarray(weight_formats_values(packed), np.float64)  # [out, in] integers
+    out, width = w_int.shape
+    nb = packed.n_blocks
+    block = min(width // nb, 32)
+    scale = np.repeat(np.asarray(packed.scale[...], np.float64), width // nb // block, axis=1)
+    offset = None if packed.offset is None else np.repeat(np.asarray(packed.offset[...], np.float64),
+                                                          width // nb // block, axis=1)
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(xb).max(axis=2, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    x8 = np.rint(xb * inv).astype(np.float64)  # [m, nbk, block]
+    sx = (amax[..., 0] / np.float32(127)).astype(np.float64)
+    dots = np.einsum("mkb,okb->mok", x8, w_int.reshape(out, -1, block))
+    t = dots * scale[None]
+    if offset is not None:
+        t = t - offset[None] * x8.sum(axis=2)[:, None, :]
+    return (t * sx[:, None, :]).sum(axis=2)
+
+
+def weight_formats_values(packed: BlockQuant) -> np.ndarray:
+    values = np.asarray(packed.values[...])
+    if values.dtype == np.uint8:
+        return np.concatenate([values & 15, values >> 4], axis=1).astype(np.int32)
+    return values.astype(np.int32)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_tiles_keep_lookups_and_dequantization_exact(layout):
+    packed = _matrix(layout, 48, 128)
+    tiled = TiledBlockQuant.from_block_quant(packed)
+    assert tiled.values.shape == packed.values.shape and tiled.values.dtype == packed.values.dtype
+    assert not np.array_equal(np.asarray(tiled.values[...]), np.asarray(packed.values[...]))
+    np.testing.assert_array_equal(np.asarray(tiled.dequantized()), np.asarray(packed.dequantized()))
+    ids = jnp.array([[0, 47, 16], [15, 17, 31]])
+    np.testing.assert_array_equal(np.asarray(tiled.rows(ids)), np.asarray(packed.rows(ids)))
+    np.testing.assert_array_equal(np.asarray(jax.jit(tiled.rows)(ids)), np.asarray(jax.jit(packed.rows)(ids)))
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+def test_the_kernel_computes_the_documented_arithmetic(layout, rows):
+    packed = _matrix(layout, 64, 256, seed=rows)
+    x = np.random.default_rng(rows).standard_normal((rows, 256)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: scale 0, no division by zero
+    got = np.asarray(native_kernels.block_quant_product(TiledBlockQuant.from_block_quant(packed), jnp.asarray(x)))
+    want = _reference(packed, x)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    exact = x @ np.asarray(packed.dequantized()).T  # and it is a close product of the matrix itself
+    assert np.abs(got - exact).max() <= 0.02 * np.abs(exact).max()
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["q4+offset", "int8/16"])
+def test_a_rows_result_does_not_depend_on_the_other_rows(layout):
+    """Bit for bit, every row count 1–17 (the kernel's register tiles take 8 rows, then 1–7)."""
+    tiled = TiledBlockQuant.from_block_quant(_matrix(layout, 32, 192, seed=3))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((17, 192)).astype(np.float32))
+    alone = np.concatenate([np.asarray(native_kernels.block_quant_product(tiled, x[i:i + 1])) for i in range(17)])
+    for m in (2, 5, 8, 9, 16, 17):
+        np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(tiled, x[:m])), alone[:m])
+
+
+def test_shapes_the_kernel_cannot_take_are_refused_in_one_line_and_left_as_they_are():
+    with pytest.raises(ConfigError, match="cannot take a 40 x 128 matrix"):
+        TiledBlockQuant.from_block_quant(_matrix("q4", 40, 128))
+    model = transformer.Transformer(tiny_config(d_model=64, n_heads=4, head_dim=16, ffn_dim=120), rngs=nnx.Rngs(5))
+    weight_formats.pack_model(model, "q4")
+    assert tile_model(model) > 0  # the 120-row gate / up maps stay row-major, the rest is tiled
+    kinds = {type(lin.packed).__name__ for name, lin in weight_formats.iter_linears(model) if ".mlp.up" in name}
+    assert kinds == {"BlockQuant"} and isinstance(model.head_quant, TiledBlockQuant)
+
+
+def test_the_option_is_checked_against_the_format():
+    with pytest.raises(ConfigError, match="not one of float32, int8"):
+        check("int4", "q4")
+    with pytest.raises(ConfigError, match="needs weights=int8 or q4"):
+        check("int8", "float32")
+    check("float32", "float32")
+
+
+def test_the_kernel_builds_where_the_cpu_allows_it():
+    """On an AVX-512 VNNI machine with a compiler (this project's CI) it must build, not quietly fall back."""
+    if _vnni():
+        assert native_kernels.available("int8"), native_kernels.unavailable_reason("int8")
+    else:
+        with pytest.raises(ConfigError, match="int8 CPU kernel"):
+            check("int8", "q4")
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q4", "int8"])
+def test_speculative_greedy_equals_plain_greedy_with_int8_activations(fmt):
+    """Verification runs k + 1 rows through the kernel, plain decoding one: the same tokens, batch 1 and 2."""
+    from specjax.decode import GenerateConfig, Generator, SpecConfig, SpeculativeGenerator
+
+    model = transformer.Transformer(tiny_config(d_model=64, n_heads=4, head_dim=16, ffn_dim=128), rngs=nnx.Rngs(5))
+    weight_formats.pack_model(model, fmt)
+    tile_model(model)
+    assert isinstance(model.head_quant, TiledBlockQuant) and model.head_quant is model.embed_packed
+    assert all(isinstance(lin.packed, TiledBlockQuant) for _, lin in weight_formats.iter_linears(model))
+    prompts = ["abcabcabcabc", "hello hello", "the cat the cat"]
+    for batch in (1, 2):
+        cfg = GenerateConfig(max_new_tokens=16, batch_size=batch, ignore_eos=True)
+        ref, _ = Generator(model, ByteTokenizer()).generate(prompts, cfg)
+        spec = SpeculativeGenerator(model, ByteTokenizer())
+        out, stats = spec.generate(prompts, cfg, SpecConfig(k=4, adaptive=False))
+        assert [o.tokens for o in out] == [r.tokens for r in ref]
+        assert stats.tau > 1.0  # drafts were verified, several rows per call

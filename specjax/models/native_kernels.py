@@ -49,6 +49,7 @@ SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
 _BUILD_TIMEOUT_S = 300
+_REGISTERED: dict[str, ctypes.CDLL] = {}  # FFI target name -> its library (a cache_clear of _load keeps them)
 
 
 def _compiler() -> str | None:
@@ -103,13 +104,16 @@ def _load(kind: str = "float32") -> tuple[str | None, str | None]:
     try:
         key = _key(compiler, kind)
         stem, symbol = KERNELS[kind]
+        name = f"specjax_{stem}_{key}"
+        if name in _REGISTERED:  # registered once per process: XLA refuses a second library under the same name
+            return name, None
         folder = ensure_dir(cache_root() / "native" / f"{stem}-{key}",
                             lambda tmp: _build(tmp, compiler, kind), "native kernel library")
         library = ctypes.cdll.LoadLibrary(str(folder / _library(kind)))
     except (OSError, subprocess.SubprocessError) as err:
         return None, str(err)
-    name = f"specjax_{stem}_{key}"
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    _REGISTERED[name] = library  # kept loaded for the process
     return name, None
 
 

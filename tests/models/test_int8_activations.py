@@ -148,3 +148,19 @@ def test_speculative_greedy_equals_plain_greedy_with_int8_activations(fmt):
         out, stats = spec.generate(prompts, cfg, SpecConfig(k=4, adaptive=False))
         assert [o.tokens for o in out] == [r.tokens for r in ref]
         assert stats.tau > 1.0  # drafts were verified, several rows per call
+
+
+@needs_kernel
+def test_a_second_load_from_another_cache_reuses_the_registered_kernel(monkeypatch, tmp_path):
+    """XLA refuses a second library under a registered target name: after `_load.cache_clear()` and with another
+    cache folder (tests do both) the kernel registered first is used, not built and registered again."""
+    name = native_kernels.target_name("int8")
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    native_kernels._load.cache_clear()
+    try:
+        assert native_kernels.target_name("int8") == name
+        tiled = TiledBlockQuant.from_block_quant(_matrix("q4", 16, 64))
+        x = jnp.ones((2, 64), jnp.float32)
+        assert np.isfinite(np.asarray(native_kernels.block_quant_product(tiled, x))).all()
+    finally:
+        native_kernels._load.cache_clear()

@@ -23,13 +23,14 @@ layout, so any other use stays correct.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax.models import native_kernels
 from specjax.models.config import ConfigError
-from specjax.models.quant import BlockQuant, QuantBuffer, _get
+from specjax.models.quant import BlockQuant, _get
 from specjax.models.reductions import argmax
 
 ACTIVATION_CHOICES = ("float32", "int8")
@@ -49,43 +50,50 @@ def check(activations: str, weights: str) -> None:
                               f"{native_kernels.unavailable_reason('int8')}")
 
 
-def _block(out: int, width: int, nb: int, q4: bool) -> int:
-    """The kernel's block width for a matrix with nb scale blocks (raises on shapes it cannot take)."""
+def _block(out: int, width: int, nb: int, q4: bool) -> int | None:
+    """The kernel's block width for a matrix with nb scale blocks, or None for shapes it cannot take."""
     block = width // nb
     if block > MAX_BLOCK and block % MAX_BLOCK == 0:
         block = MAX_BLOCK
     if out % LANES or block % 16 or block > 64 or (q4 and (width // 2) % block):
-        raise ConfigError(f"activations=int8 cannot take a {out} x {width} matrix with scale blocks of {width // nb}")
+        return None
     return block
 
 
-def _words(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values).view(np.uint32)
+@functools.partial(jax.jit, static_argnames="block")
+def _tiled(values: jax.Array, scale: jax.Array, offset: jax.Array | None, block: int):
+    out, nbytes = values.shape
+    g, width = out // LANES, nbytes * (2 if values.dtype == jnp.uint8 else 1)
+    words = jax.lax.bitcast_convert_type(values.reshape(g, LANES, nbytes // 4, 4), jnp.uint32)
+    tiled = jax.lax.bitcast_convert_type(words.transpose(0, 2, 1), values.dtype).reshape(out, nbytes)
+
+    def per_tile(a):
+        if a is None:
+            return None
+        a = jnp.repeat(a, width // a.shape[1] // block, axis=1)  # wide blocks split: x quantized per block
+        return a.reshape(g, LANES, -1).transpose(0, 2, 1).reshape(out, -1)
+    return tiled, per_tile(scale), per_tile(offset)
 
 
-def tile_arrays(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | None):
-    """(values, scale, offset) of a row-major BlockQuant → the kernel's tiles (same shapes; numpy).
+def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None):
+    """(values, scale, offset) of a row-major BlockQuant → the kernel's tiles (same shapes; jitted, on device).
 
     Values: within each tile of 16 rows the rows' 4-byte words alternate (a transpose of uint32
     [16, words] per tile). Scales [out, nb] → [tiles, nb, 16]. Scale blocks wider than MAX_BLOCK
     columns are split (their scale and offset repeated), so x is quantized at least that finely.
+
+    Raises:
+      ConfigError: a shape the kernel does not take (`tileable`).
     """
-    q4 = values.dtype == np.uint8
+    q4 = values.dtype == jnp.uint8
     out, nbytes = values.shape
     width = nbytes * (2 if q4 else 1)
     block = _block(out, width, scale.shape[1], q4)
-    reps = width // scale.shape[1] // block
-    if reps > 1:
-        scale = np.repeat(scale, reps, axis=1)
-        offset = None if offset is None else np.repeat(offset, reps, axis=1)
-    nb, g = width // block, out // LANES
-    tiled = _words(values).reshape(g, LANES, nbytes // 4).transpose(0, 2, 1)
-    tiled = np.ascontiguousarray(tiled).view(values.dtype).reshape(out, nbytes)
-
-    def per_tile(a):
-        return None if a is None else np.ascontiguousarray(
-            np.asarray(a, np.float32).reshape(g, LANES, nb).transpose(0, 2, 1).reshape(out, nb))
-    return tiled, per_tile(scale), per_tile(offset)
+    if block is None:
+        raise ConfigError(f"activations=int8 cannot take a {out} x {width} matrix with scale blocks of "
+                          f"{width // scale.shape[1]}")
+    as_f32 = lambda a: None if a is None else jnp.asarray(a, jnp.float32)
+    return _tiled(jnp.asarray(values), as_f32(scale), as_f32(offset), block)
 
 
 def untile_values(tiled: jax.Array) -> jax.Array:
@@ -107,15 +115,9 @@ class TiledBlockQuant(BlockQuant):
 
     tiled = True
 
-    def __init__(self, values, scale, offset=None):
-        self.values = QuantBuffer(jnp.asarray(values))
-        self.scale = QuantBuffer(jnp.asarray(scale, jnp.float32))
-        self.offset = None if offset is None else QuantBuffer(jnp.asarray(offset, jnp.float32))
-
     @classmethod
     def from_block_quant(cls, packed: BlockQuant) -> TiledBlockQuant:
-        np_or_none = lambda v: None if v is None else np.asarray(v[...])
-        return cls(*tile_arrays(np.asarray(packed.values[...]), np_or_none(packed.scale), np_or_none(packed.offset)))
+        return cls(*tile_arrays(packed.values[...], packed.scale[...], _get(packed.offset)))
 
     def _row_major(self, values: jax.Array, scale: jax.Array, offset: jax.Array | None) -> BlockQuant:
         off = None if offset is None else untile_blocks(offset)
@@ -154,14 +156,9 @@ class TiledBlockQuant(BlockQuant):
 
 def tileable(packed: BlockQuant) -> bool:
     """Whether the int8 activation kernel takes this matrix (scaled int8 / 4-bit values, 16-row tiles, blocks)."""
-    if packed.scale is None:
-        return False
     out, width = packed.shape
-    try:
-        _block(out, width, packed.n_blocks, packed.values.dtype == jnp.uint8)
-    except ConfigError:
-        return False
-    return True
+    q4 = packed.values.dtype == jnp.uint8
+    return packed.scale is not None and _block(out, width, packed.n_blocks, q4) is not None
 
 
 def tile_model(model) -> int:

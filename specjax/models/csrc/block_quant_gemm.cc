@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "chunked_work.h"
+#include "gemm_common.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__)
@@ -25,8 +25,6 @@
 #endif
 
 namespace ffi = xla::ffi;
-using Matrix = ffi::Buffer<ffi::F32, 2>;  // float32 [rows, columns]
-using Result = ffi::ResultBuffer<ffi::F32, 2>;
 
 namespace {
 
@@ -138,7 +136,8 @@ void Chunk(const Problem& p, int64_t o0, int64_t o1) {
   }
 }
 
-ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y) {
+ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer values, specjax::F32Matrix scale,
+                specjax::F32Matrix offset, specjax::F32Result y) {
   auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
   Problem& p = work->problem;
   if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;

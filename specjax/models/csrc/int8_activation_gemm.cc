@@ -21,12 +21,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-#include "chunked_work.h"
+#include "gemm_common.h"
 #include "xla/ffi/api/ffi.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
@@ -34,8 +33,6 @@
 #endif
 
 namespace ffi = xla::ffi;
-using Matrix = ffi::Buffer<ffi::F32, 2>;
-using Result = ffi::ResultBuffer<ffi::F32, 2>;
 
 namespace {
 
@@ -49,12 +46,12 @@ struct Problem : specjax::GemmArgs {
   std::vector<int32_t> xsum;  // [m, nb]
 };
 
-// x8, sx and xsum for rows [r0, r1): round to nearest even (the default MXCSR mode), one scale per block.
-void Quantize(Problem& p, const float* x, int64_t r0, int64_t r1) {
+// x8, sx and xsum of every row of x: round to nearest even (the default MXCSR mode), one scale per block.
+void Quantize(Problem& p) {
   const int64_t B = p.block;
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t r = 0; r < p.m; ++r) {
     for (int64_t b = 0; b < p.nb; ++b) {
-      const float* xb = x + r * p.in + b * B;
+      const float* xb = p.x + r * p.in + b * B;
       int8_t* qb = p.x8.data() + r * p.in + b * B;
       __m512 amax = _mm512_setzero_ps();
       for (int64_t k = 0; k < B; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
@@ -170,7 +167,8 @@ void Chunk(const Problem& p, int64_t g0, int64_t g1) {
   }
 }
 
-ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix scale, Matrix offset, Result y) {
+ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer values, specjax::F32Matrix scale,
+                specjax::F32Matrix offset, specjax::F32Result y) {
   auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
   Problem& p = work->problem;
   if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;
@@ -180,7 +178,7 @@ ffi::Error Gemm(ffi::ThreadPool pool, Matrix x, ffi::AnyBuffer values, Matrix sc
   p.x8.resize(p.m * p.in);
   p.sx.resize(p.m * p.nb);
   p.xsum.resize(p.m * p.nb);
-  Quantize(p, p.x, 0, p.m);
+  Quantize(p);
   work->run_chunk = Chunk;
   specjax::RunChunked(pool, work, p.out / kLanes, 1);  // chunks of whole tiles
   return ffi::Error::Success();

@@ -1,7 +1,5 @@
-// Work split into chunks of output rows, claimed one at a time by the calling thread and by helpers on
-// XLA's intra-op pool (both native kernels use it). Helpers that start late find nothing left; the caller
-// never waits for a helper that has not claimed a chunk, so a busy pool cannot deadlock it. Heap-held
-// (shared_ptr): a late helper may outlive the call.
+// What both native kernels share: their FFI binding and argument checks, and the split of their work into
+// chunks of output rows on XLA's intra-op pool.
 #pragma once
 
 #include <immintrin.h>
@@ -15,6 +13,9 @@
 
 namespace specjax {
 
+// Chunks are claimed one at a time by the calling thread and by helpers on the pool. Helpers that start late
+// find nothing left; the caller never waits for a helper that has not claimed a chunk, so a busy pool cannot
+// deadlock it. Heap-held (shared_ptr): a late helper may outlive the call.
 template <typename P>
 struct ChunkedWork {
   P problem;

@@ -39,7 +39,7 @@ needs_kernel = pytest.mark.skipif(not native_kernels.available("int8"),
 def _reference(packed: BlockQuant, x: np.ndarray) -> np.ndarray:
     """The documented arithmetic in float64: x8 = rint(float32(x · float32(127 / amax))) per block of 32
     (or the matrix's smaller blocks), y = Σ_b sx_b · (scale_b · Σ q x8 − offset_b · Σ x8)."""
-    w_int = np.asarray(weight_formats_values(packed), np.float64)  # [out, in] integers
+    w_int = np.asarray(_integers(packed), np.float64)  # [out, in] integers
     out, width = w_int.shape
     nb = packed.n_blocks
     block = min(width // nb, 32)
@@ -58,7 +58,7 @@ def _reference(packed: BlockQuant, x: np.ndarray) -> np.ndarray:
     return (t * sx[:, None, :]).sum(axis=2)
 
 
-def weight_formats_values(packed: BlockQuant) -> np.ndarray:
+def _integers(packed: BlockQuant) -> np.ndarray:
     values = np.asarray(packed.values[...])
     if values.dtype == np.uint8:
         return np.concatenate([values & 15, values >> 4], axis=1).astype(np.int32)

@@ -159,12 +159,13 @@ def run(opts: DecodeOptions) -> int:
         primary = not opts.distributed or is_primary()
         writer = CompletionWriter(opts.output if primary else None, len(prompts), opts.chat,
                                   None if primary else io.StringIO())
+        from specjax.models.int8_activations import resolve as resolve_activations
         from specjax.models.loading import load_model, resolved_weights
 
         model, tokenizer = load_model(opts.model, opts.dtype, progress, weights=opts.weights,
                                       activations=opts.activations)
         weights = resolved_weights(opts.model, opts.weights)
-        acts = "" if opts.activations == "float32" else f", activations={opts.activations}"
+        acts = f", activations={resolve_activations(opts.activations, weights, opts.dtype)}"
         progress(f"model ready: {model.cfg.family}, {model.cfg.n_layers} layers, vocab {model.cfg.vocab_size}, "
                  f"{opts.dtype}, weights={weights if weights == opts.weights else f'{opts.weights} ({weights})'}{acts}")
         with writer, SoftInterrupt() as interrupt:  # Ctrl-C: stop after the batch in flight, keep what is done

@@ -27,27 +27,48 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from specjax.models import native_kernels
 from specjax.models.config import ConfigError
+from specjax.models.layers import RMSNorm
 from specjax.models.quant import BlockQuant, _get
 from specjax.models.reductions import argmax
+from specjax.models.transformer import Attention
 
-ACTIVATION_CHOICES = ("float32", "int8")
+ACTIVATION_CHOICES = ("auto", "float32", "int8")
+KERNELS_NEEDED = ("int8", "attention", "rms_norm")
 LANES = 16  # output rows per tile (one int32 lane of an AVX-512 vector each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
 
 
-def check(activations: str, weights: str) -> None:
+def resolve(activations: str, weights: str, dtype: str = "float32") -> str:
+    """Checks an `activations=` option against the resolved `weights=` format and dtype (one clear line
+    otherwise) and resolves "auto": int8 for int8 / q4 matrices in float32 where the kernels run (x86-64 with
+    AVX-512 VNNI; llama.cpp's arithmetic, and since attention and norms sum in a fixed order, greedy
+    speculation still reproduces plain decoding), float32 otherwise (float weights, bfloat16, accelerators)."""
+    if activations not in ACTIVATION_CHOICES:
+        raise ConfigError(f"activations={activations!r} is not one of {', '.join(ACTIVATION_CHOICES)}")
+    if activations == "auto":
+        takes = weights in ("int8", "q4") and dtype == "float32" and jax.default_backend() == "cpu"
+        return "int8" if takes and all(native_kernels.available(k) for k in KERNELS_NEEDED) else "float32"
+    check(activations, weights, dtype)
+    return activations
+
+
+def check(activations: str, weights: str, dtype: str = "float32") -> None:
     """Checks an `activations=` option against the resolved `weights=` format (one clear line otherwise)."""
     if activations not in ACTIVATION_CHOICES:
         raise ConfigError(f"activations={activations!r} is not one of {', '.join(ACTIVATION_CHOICES)}")
     if activations == "int8":
         if weights not in ("int8", "q4"):
             raise ConfigError(f"activations=int8 needs weights=int8 or q4 (or auto resolving to one), not {weights}")
-        if not native_kernels.available("int8"):
-            raise ConfigError("activations=int8 needs specjax's int8 CPU kernel (AVX-512 VNNI), unavailable here: "
-                              f"{native_kernels.unavailable_reason('int8')}")
+        if dtype != "float32":
+            raise ConfigError(f"activations=int8 needs dtype=float32, not {dtype}")
+        for kind in KERNELS_NEEDED:
+            if not native_kernels.available(kind):
+                raise ConfigError(f"activations=int8 needs specjax's {kind} CPU kernel (AVX-512 VNNI), unavailable "
+                                  f"here: {native_kernels.unavailable_reason(kind)}")
 
 
 def _block(out: int, width: int, nb: int, q4: bool) -> int | None:
@@ -180,4 +201,20 @@ def tile_model(model) -> int:
         lin.packed = tiled(lin.packed)
     model.embed_packed = tiled(model.embed_packed)
     model.head_quant = tiled(model.head_quant)
+    if done:
+        fixed_order_reductions(model)
     return len(done)
+
+
+def fixed_order_reductions(model) -> None:
+    """Puts `model`'s attention and RMS norms in the native fixed-order kernels (`native_kernels`).
+
+    int8 rounding turns a last-place difference in x into a whole step now and then, so no sum that feeds
+    an int8 product may depend on the program's shapes: then a verification block gives each position what a
+    one-token step gives it, and greedy speculative decoding reproduces plain decoding bit for bit. Shapes the
+    kernels do not take (widths not a multiple of 16) keep XLA's reductions.
+    """
+    for _, node in nnx.iter_modules(model):
+        width = node.scale.shape[-1] if isinstance(node, RMSNorm) else node.h if isinstance(node, Attention) else 1
+        if width % LANES == 0:
+            node.fixed_order = True

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.models import native_kernels
 from specjax.models.backend_profile import one_row_product
 from specjax.models.weight_formats import packed_product
 
@@ -25,8 +26,11 @@ class RMSNorm(nnx.Module):
         del rngs
         self.scale = nnx.Param(jnp.ones((dim,), dtype))
         self.eps = eps
+        self.fixed_order = False  # set by int8_activations.tile_model (native_kernels.fixed_order_rms_norm)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        if self.fixed_order:
+            return native_kernels.fixed_order_rms_norm(x, self.scale[...], self.eps).astype(x.dtype)
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)

@@ -207,8 +207,9 @@ def load_model(
       weights: storage format of the matrices, one of weight_formats.WEIGHT_CHOICES ("auto", "float32",
         "bfloat16", "int8", "q4"); low-precision ones are dequantized inside the jitted step; "auto" is
         `resolved_weights`'.
-      activations: "float32", or "int8" to multiply int8 / q4 matrices with int8 activations in specjax's
-        VNNI CPU kernel (`int8_activations`; W4A8 like llama.cpp's, not bit-exact to float32).
+      activations: "float32", "int8" to multiply int8 / q4 matrices with int8 activations in specjax's
+        VNNI CPU kernels (`int8_activations`; W4A8 like llama.cpp's, not bit-exact to float32), or "auto"
+        (int8 where those kernels take the format, else float32: `int8_activations.resolve`).
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.
@@ -216,8 +217,9 @@ def load_model(
     """
     resolve_weights(weights)
     weights = resolved_weights(model, weights)
-    int8_activations.check(activations, weights)
-    net, tokenizer = _load_model(model, resolve_dtype(dtype), progress, weights)
+    jdtype = resolve_dtype(dtype)
+    activations = int8_activations.resolve(activations, weights, dtype)
+    net, tokenizer = _load_model(model, jdtype, progress, weights)
     if activations == "int8":
         progress("laying out matrices for int8 activations")
         if not int8_activations.tile_model(net):

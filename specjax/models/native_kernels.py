@@ -18,8 +18,11 @@ accelerators keep plain fused XLA.
 
 A second kernel, ``csrc/int8_activation_gemm.cc`` (AVX-512 VNNI), serves `activations=int8`
 (`int8_activations.py`): x is quantized to int8 per row and block, the block sums are integer
-dot products (vpdpbusd), on matrices re-laid out in tiles of 16 output rows. Both are built the same
-way; ``kind`` ("float32" or "int8") names which one.
+dot products (vpdpbusd), on matrices re-laid out in tiles of 16 output rows. A third library,
+``csrc/fixed_order.cc``, holds attention and RMS norm with every sum in one fixed order (the same result for
+a row in a one-token step, a verification block or a prefill), which int8 activations need for greedy
+speculative decoding to keep plain decoding's tokens. All are built the same way; ``kind`` ("float32",
+"int8", "attention" or "rms_norm") names which kernel.
 """
 
 from __future__ import annotations
@@ -35,16 +38,19 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models.artifacts import cache_root, ensure_dir
 
-__all__ = ["ENV", "KERNELS", "SOURCE", "applies", "available", "block_quant_product", "target_name",
-           "unavailable_reason"]
+__all__ = ["ENV", "KERNELS", "SOURCE", "applies", "available", "block_quant_product", "fixed_order_attention",
+           "fixed_order_rms_norm", "target_name", "unavailable_reason"]
 
 ENV = "SPECJAX_NATIVE_KERNELS"
 # kind -> (source file stem, exported handler symbol)
 KERNELS = {"float32": ("block_quant_gemm", "SpecjaxBlockQuantGemm"),
-           "int8": ("int8_activation_gemm", "SpecjaxInt8ActivationGemm")}
+           "int8": ("int8_activation_gemm", "SpecjaxInt8ActivationGemm"),
+           "attention": ("fixed_order", "SpecjaxFixedOrderAttention"),
+           "rms_norm": ("fixed_order", "SpecjaxFixedOrderRmsNorm")}
 SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -104,7 +110,7 @@ def _load(kind: str = "float32") -> tuple[str | None, str | None]:
     try:
         key = _key(compiler, kind)
         stem, symbol = KERNELS[kind]
-        name = f"specjax_{stem}_{key}"
+        name = f"specjax_{symbol}_{key}"
         if name in _REGISTERED:  # registered once per process: XLA refuses a second library under the same name
             return name, None
         folder = ensure_dir(cache_root() / "native" / f"{stem}-{key}",
@@ -160,3 +166,31 @@ def block_quant_product(packed, x_mi: jax.Array) -> jax.Array:
     kind = "int8" if getattr(packed, "tiled", False) else "float32"
     call = jax.ffi.ffi_call(target_name(kind), jax.ShapeDtypeStruct((x_mi.shape[0], out), jnp.float32))
     return call(x_mi.astype(jnp.float32).reshape(-1, width), packed.values[...], packed.scale[...], offset)
+
+
+def fixed_order_attention(q_btnh: jax.Array, keys_bskh: jax.Array, values_bkhs: jax.Array, k_btkh: jax.Array,
+                          v_btkh: jax.Array, start_b: jax.Array, visible_bts: jax.Array) -> jax.Array:
+    """Softmax attention of T queries per row whose sums run in one fixed order (``csrc/fixed_order.cc``).
+
+    Args:
+      q_btnh: scaled, rotated queries float32 [B, T, N, H].
+      keys_bskh, values_bkhs: the cache before this block's write (values transposed, as `kv_cache` keeps them).
+      k_btkh, v_btkh: the block's own keys and values [B, T, KV, H]; slot start_b + j holds entry j.
+      start_b: the block's first slot per row (int32 [B]).
+      visible_bts: which slots each query sees (`kv_cache.attention_masks` for the cache after the write).
+
+    Returns:
+      float32 [B, T, N, H]; a query's result depends only on the keys and values it sees, in slot order.
+    """
+    call = jax.ffi.ffi_call(target_name("attention"), jax.ShapeDtypeStruct(q_btnh.shape, jnp.float32))
+    f32 = [a.astype(jnp.float32) for a in (q_btnh, keys_bskh, values_bkhs, k_btkh, v_btkh)]
+    return call(*f32, start_b.astype(jnp.int32), visible_bts.astype(jnp.bool_))
+
+
+def fixed_order_rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMS norm over the last axis, float32, its sum of squares in one fixed order (``csrc/fixed_order.cc``):
+    a row's result does not depend on the shape of the call."""
+    d = x.shape[-1]
+    call = jax.ffi.ffi_call(target_name("rms_norm"), jax.ShapeDtypeStruct((x.size // d, d), jnp.float32))
+    y = call(x.astype(jnp.float32).reshape(-1, d), scale.astype(jnp.float32), eps=np.float32(eps))
+    return y.reshape(x.shape)

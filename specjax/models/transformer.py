@@ -38,6 +38,9 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(h, cfg.norm_eps, dtype) if cfg.qk_norm else None
         self.n, self.kv, self.h = n, k, h
         self.q_scale = cfg.q_scale
+        # Set by int8_activations.tile_model: attention in the native fixed-order kernel (greedy speculation
+        # then reproduces plain decoding bit for bit; see native_kernels.fixed_order_attention).
+        self.fixed_order = False
         if kind == "global":
             self.rope_base, self.rope_scale = cfg.rope_base_global, cfg.rope_scale_global
         else:
@@ -53,6 +56,8 @@ class Attention(nnx.Module):
         q_btnh = apply_rope(q_btnh, positions_bt, self.rope_base, self.rope_scale)
         k_btkh = apply_rope(k_btkh, positions_bt, self.rope_base, self.rope_scale)
         q_btkgh = (q_btnh * self.q_scale).reshape(b, t, self.kv, self.n // self.kv, self.h)
+        if self.fixed_order:
+            return self._fixed_order(x_btd, q_btkgh, k_btkh, v_btkh, mask_bts, kv, start_b)
         if kv is None:
             new_kv = None
             out_btkgh = _attend(q_btkgh, k_btkh, transposed(v_btkh), mask_bts)
@@ -64,6 +69,18 @@ class Attention(nnx.Module):
                 out_btkgh = _attend(q_btkgh, *new_kv, mask_bts)
         y_btd = self.o(out_btkgh.reshape(b, t, self.n * self.h).astype(x_btd.dtype))
         return y_btd, new_kv
+
+    def _fixed_order(self, x_btd, q_btkgh, k_btkh, v_btkh, mask_bts, kv, start_b):
+        """`__call__`'s attention and output projection through `native_kernels.fixed_order_attention`."""
+        b, t = k_btkh.shape[:2]
+        if kv is None:  # an uncached forward: an empty cache of the block's length, the block at slot 0
+            kv = (jnp.zeros_like(k_btkh), jnp.zeros_like(transposed(v_btkh)))
+            new_kv = None
+        else:
+            new_kv = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)
+        out_btnh = native_kernels.fixed_order_attention(q_btkgh.reshape(b, t, self.n, self.h), kv[0], kv[1], k_btkh,
+                                                        v_btkh, start_b, mask_bts)
+        return self.o(out_btnh.reshape(b, t, self.n * self.h).astype(x_btd.dtype)), new_kv
 
 
 def _scores(q_btkgh, k_bskh, mask_bts):

@@ -21,7 +21,7 @@ from test_native_kernels import LAYOUTS, _matrix
 
 from specjax.models import native_kernels, transformer, weight_formats
 from specjax.models.config import ConfigError
-from specjax.models.int8_activations import TiledBlockQuant, check, tile_model
+from specjax.models.int8_activations import TiledBlockQuant, check, resolve, tile_model
 from specjax.models.quant import BlockQuant
 
 
@@ -113,11 +113,20 @@ def test_shapes_the_kernel_cannot_take_are_refused_in_one_line_and_left_as_they_
 
 
 def test_the_option_is_checked_against_the_format():
-    with pytest.raises(ConfigError, match="not one of float32, int8"):
+    with pytest.raises(ConfigError, match="not one of auto, float32, int8"):
         check("int4", "q4")
     with pytest.raises(ConfigError, match="needs weights=int8 or q4"):
         check("int8", "float32")
+    with pytest.raises(ConfigError, match="needs dtype=float32"):
+        resolve("int8", "q4", "bfloat16")
     check("float32", "float32")
+
+
+def test_auto_is_int8_exactly_where_the_kernels_take_the_format():
+    kernels = all(native_kernels.available(k) for k in ("int8", "attention", "rms_norm"))
+    assert resolve("auto", "q4") == resolve("auto", "int8") == ("int8" if kernels else "float32")
+    assert resolve("auto", "float32") == resolve("auto", "bfloat16") == resolve("auto", "q4", "bfloat16") == "float32"
+    assert resolve("float32", "q4") == "float32"
 
 
 def test_the_kernel_builds_where_the_cpu_allows_it():

@@ -58,10 +58,10 @@ def _reference(q, kc, vc, kb, vb, start, mask):
 
 @needs_kernels
 @pytest.mark.parametrize("window", [None, 5])
-def test_attention_computes_softmax_attention(window):
+@pytest.mark.parametrize("t, start", [(6, [9, 31]), (40, [3, 21])])  # a decoding block; a prefill (runs of 16)
+def test_attention_computes_softmax_attention(window, t, start):
     rng = np.random.default_rng(0)
-    q, kc, vc, kb, vb = _arrays(rng, 2, 6, 40)
-    start = [9, 31]
+    q, kc, vc, kb, vb = _arrays(rng, 2, t, 64)
     out, mask = _call(q, kc, vc, kb, vb, start, window=window)
     np.testing.assert_allclose(out, _reference(q, kc, vc, kb, vb, np.asarray(start), mask), rtol=1e-5, atol=1e-5)
 
@@ -118,20 +118,20 @@ def test_rms_norm_rows_are_the_norm_and_do_not_depend_on_the_call():
 @needs_kernels
 def test_a_model_tiled_for_int8_activations_gives_a_block_what_steps_give_it():
     """Hidden states of a 6-token cached block equal six one-token steps' bit for bit, and an uncached forward
-    (the block attends to itself) equals the same block written into an empty cache."""
+    (the prompt attends to itself) equals the same prompt written into an empty cache."""
     model = transformer.Transformer(tiny_config(d_model=64, n_heads=4, head_dim=16, ffn_dim=128), rngs=nnx.Rngs(7))
     weight_formats.pack_model(model, "q4")
     tile_model(model)
     modules = [m for _, m in nnx.iter_modules(model) if isinstance(m, (RMSNorm, transformer.Attention))]
     assert modules and all(m.fixed_order for m in modules)
-    prompt, block = jnp.arange(3, 14)[None] % 50, jnp.asarray([[7, 19, 3, 3, 40, 11]])
+    prompt, block = jnp.arange(3, 40)[None] % 50, jnp.asarray([[7, 19, 3, 3, 40, 11]])
     p, t = prompt.shape[1], block.shape[1]
-    _, cache = model(prompt, jnp.arange(p)[None], model.init_cache(1, 32), jnp.zeros((1,), jnp.int32))
+    _, cache = model(prompt, jnp.arange(p)[None], model.init_cache(1, 64), jnp.zeros((1,), jnp.int32))
     whole, _ = model(block, p + jnp.arange(t)[None], cache, jnp.asarray([p]))
     step_cache = cache
     for j in range(t):
         h, step_cache = model(block[:, j:j + 1], jnp.asarray([[p + j]]), step_cache, jnp.asarray([p + j]))
         np.testing.assert_array_equal(np.asarray(h)[0, 0], np.asarray(whole)[0, j])
-    uncached, _ = model(block, jnp.arange(t)[None])
-    cached, _ = model(block, jnp.arange(t)[None], model.init_cache(1, 16), jnp.zeros((1,), jnp.int32))
+    uncached, _ = model(prompt, jnp.arange(p)[None])  # 37 tokens: runs of 16 block entries
+    cached, _ = model(prompt, jnp.arange(p)[None], model.init_cache(1, 64), jnp.zeros((1,), jnp.int32))
     np.testing.assert_array_equal(np.asarray(uncached), np.asarray(cached))

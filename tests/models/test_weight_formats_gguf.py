@@ -162,17 +162,21 @@ def test_cli_option_loads_the_format_and_refuses_unknown_ones(tmp_path, monkeypa
     assert run(DecodeOptions(model=str(path), weights="int3", prompt="hello", max_new_tokens=2)) == 2
     err = capsys.readouterr().err
     assert "error: weights='int3' is not one of auto, float32, bfloat16, int8, q4" in err and "Traceback" not in err
+    from specjax.models import native_kernels
+
+    kernels = all(native_kernels.available(k) for k in ("int8", "attention", "rms_norm"))
     assert run(DecodeOptions(model=str(path), weights="q4", prompt="hello", max_new_tokens=3)) == 0
-    assert "weights=q4" in capsys.readouterr().err
-    for bad, why in (({"activations": "int4"}, "error: activations='int4' is not one of float32, int8"),
+    # activations=auto (the default): int8 where the kernels take q4, else float32
+    assert f"weights=q4, activations={'int8' if kernels else 'float32'}" in capsys.readouterr().err
+    assert run(DecodeOptions(model=str(path), weights="float32", prompt="hello", max_new_tokens=3)) == 0
+    assert "weights=float32, activations=float32" in capsys.readouterr().err
+    for bad, why in (({"activations": "int4"}, "error: activations='int4' is not one of auto, float32, int8"),
                      ({"activations": "int8", "weights": "float32"},
                       "error: activations=int8 needs weights=int8 or q4")):
         assert run(DecodeOptions(model=str(path), prompt="hello", max_new_tokens=2, **bad)) == 2
         err = capsys.readouterr().err
         assert why in err and "Traceback" not in err
-    from specjax.models import native_kernels
-
-    if native_kernels.available("int8"):
+    if kernels:
         opts = DecodeOptions(model=str(path), weights="q4", activations="int8", prompt="hi", max_new_tokens=3)
         assert run(opts) == 0
         assert "weights=q4, activations=int8" in capsys.readouterr().err

@@ -38,7 +38,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kL = 16;  // float32 lanes
+constexpr int64_t kL = 16;    // float32 lanes
+constexpr int64_t kMaxG = 16;  // query heads per key / value head
 // Aliases: a comma would split the binding macro's arguments.
 using F32x4 = ffi::Buffer<ffi::F32, 4>;
 using S32x1 = ffi::Buffer<ffi::S32, 1>;
@@ -50,6 +51,7 @@ using F32x2Result = ffi::ResultBuffer<ffi::F32, 2>;
 
 struct Problem {
   const float *q, *keys, *values, *bk, *bv;
+  std::vector<float> bvt;  // the block's values transposed, [B, KV, H, T], like the cache's
   const int32_t* start;
   const bool* visible;
   float* out;
@@ -78,9 +80,10 @@ inline __m512 Exp(__m512 x) {
 // Where slot s of row b is stored: its key row (H floats) and its value column (stride between h's).
 struct Entry {
   const float* key;
-  const float* value;
-  int64_t stride;  // S for the cache's transposed values, 1 for the block's
+  const float* value;  // value[h * stride] is head dim h
+  int64_t stride;      // S for the cache, T for the block (both transposed: consecutive slots are adjacent)
   int64_t slot;
+  bool in_block;
 };
 
 // Queries (b, t, kv-head c): the G query heads sharing key/value head c.
@@ -92,10 +95,9 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
   for (int64_t s = 0; s < S; ++s) {
     if (!vis[s]) continue;
     if (s >= s0 && s < s0 + T) {
-      const int64_t at = ((b * T + (s - s0)) * KV + c) * H;
-      ent.push_back({p.bk + at, p.bv + at, 1, s});
+      ent.push_back({p.bk + ((b * T + (s - s0)) * KV + c) * H, p.bvt.data() + (b * KV + c) * H * T + (s - s0), T, s, true});
     } else {
-      ent.push_back({p.keys + ((b * S + s) * KV + c) * H, p.values + ((b * KV + c) * H) * S + s, S, s});
+      ent.push_back({p.keys + ((b * S + s) * KV + c) * H, p.values + ((b * KV + c) * H) * S + s, S, s, false});
     }
   }
   const int64_t n = static_cast<int64_t>(ent.size()), padded = (n + kL - 1) / kL * kL;
@@ -105,15 +107,18 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
     return;
   }
   e.assign(G * padded, 0.0f);
-  for (int64_t g = 0; g < G; ++g) {
-    const float* qg = p.q + ((b * T + t) * p.N + c * G + g) * H;
-    float* eg = e.data() + g * padded;
-    for (int64_t i = 0; i < n; ++i) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t h = 0; h < H; h += kL)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + h), _mm512_loadu_ps(ent[i].key + h), acc);
-      eg[i] = _mm512_reduce_add_ps(acc);
+  const float* q0 = p.q + ((b * T + t) * p.N + c * G) * H;
+  __m512 acc[kMaxG];
+  for (int64_t i = 0; i < n; ++i) {  // scores: each key row read once for the G heads
+    for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t h = 0; h < H; h += kL) {
+      const __m512 k = _mm512_loadu_ps(ent[i].key + h);
+      for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + g * H + h), k, acc[g]);
     }
+    for (int64_t g = 0; g < G; ++g) e[g * padded + i] = _mm512_reduce_add_ps(acc[g]);
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* eg = e.data() + g * padded;
     float m = eg[0];
     for (int64_t i = 1; i < n; ++i) m = std::max(m, eg[i]);
     __m512 z = _mm512_setzero_ps();
@@ -130,15 +135,15 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
   // Values: entry i's value for head dim h, lanes i mod 16. A run of 16 cache entries in consecutive slots
   // is one vector load per h; other groups are gathered into `col` first (the same numbers, same lanes).
   alignas(64) float col[kL];
-  std::vector<__m512> acc(G);
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
     for (int64_t i = 0; i < padded; i += kL) {
       __m512 v;
-      // 16 cache entries in consecutive slots: the first and last are cache slots 15 apart, below the block
-      // (visible cache slots past the block do not exist), so every slot between is a visible cache slot.
-      if (i + kL <= n && ent[i].stride == S && ent[i + kL - 1].slot == ent[i].slot + kL - 1 && ent[i + kL - 1].slot < s0) {
-        v = _mm512_loadu_ps(ent[i].value + h * S);
+      // 16 entries in consecutive slots of one array: the first and last are slots 15 apart in the cache (below
+      // the block: no visible cache slot lies past it) or both in the block, so every slot between is too.
+      const Entry &first = ent[i], &last = ent[std::min(i + kL, n) - 1];
+      if (i + kL <= n && last.slot == first.slot + kL - 1 && first.in_block == last.in_block) {
+        v = _mm512_loadu_ps(first.value + h * first.stride);
       } else {
         for (int64_t l = 0; l < kL; ++l) col[l] = i + l < n ? ent[i + l].value[h * ent[i + l].stride] : 0.0f;
         v = _mm512_load_ps(col);
@@ -170,11 +175,18 @@ ffi::Error Attention(ffi::ThreadPool pool, F32x4 q, F32x4 keys, F32x4 values, F3
       visible.dimensions()[0] != p.B || visible.dimensions()[1] != p.T || visible.dimensions()[2] != p.S)
     return ffi::Error::InvalidArgument("shapes the fixed-order attention kernel does not take");
   p.G = p.N / p.KV;
+  if (p.G > kMaxG) return ffi::Error::InvalidArgument("more query heads per key head than the kernel takes");
   p.q = q.typed_data(), p.keys = keys.typed_data(), p.values = values.typed_data();
   p.bk = bk.typed_data(), p.bv = bv.typed_data(), p.start = start.typed_data();
   p.visible = visible.typed_data(), p.out = out->typed_data();
   const int64_t units = p.B * p.T * p.KV;
   if (units == 0) return ffi::Error::Success();
+  p.bvt.resize(p.B * p.KV * p.H * p.T);
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t j = 0; j < p.T; ++j)
+      for (int64_t c = 0; c < p.KV; ++c)
+        for (int64_t h = 0; h < p.H; ++h)
+          p.bvt[((b * p.KV + c) * p.H + h) * p.T + j] = p.bv[((b * p.T + j) * p.KV + c) * p.H + h];
   work->run_chunk = Chunk;
   specjax::RunChunked(pool, work, units, 1);
   return ffi::Error::Success();

@@ -47,13 +47,11 @@ def resolve(activations: str, weights: str, dtype: str = "float32") -> str:
     otherwise) and resolves "auto": int8 for int8 / q4 matrices in float32 where the kernels run (x86-64 with
     AVX-512 VNNI; llama.cpp's arithmetic, and since attention and norms sum in a fixed order, greedy
     speculation still reproduces plain decoding), float32 otherwise (float weights, bfloat16, accelerators)."""
-    if activations not in ACTIVATION_CHOICES:
-        raise ConfigError(f"activations={activations!r} is not one of {', '.join(ACTIVATION_CHOICES)}")
-    if activations == "auto":
-        takes = weights in ("int8", "q4") and dtype == "float32" and jax.default_backend() == "cpu"
-        return "int8" if takes and all(native_kernels.available(k) for k in KERNELS_NEEDED) else "float32"
     check(activations, weights, dtype)
-    return activations
+    if activations != "auto":
+        return activations
+    takes = weights in ("int8", "q4") and dtype == "float32" and jax.default_backend() == "cpu"
+    return "int8" if takes and all(native_kernels.available(k) for k in KERNELS_NEEDED) else "float32"
 
 
 def check(activations: str, weights: str, dtype: str = "float32") -> None:

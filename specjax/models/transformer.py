@@ -74,7 +74,7 @@ class Attention(nnx.Module):
         """`__call__`'s attention and output projection through `native_kernels.fixed_order_attention`."""
         b, t = k_btkh.shape[:2]
         if kv is None:  # an uncached forward: an empty cache of the block's length, the block at slot 0
-            kv = (jnp.zeros_like(k_btkh), jnp.zeros_like(transposed(v_btkh)))
+            kv = (jnp.zeros_like(k_btkh), jnp.zeros((b, self.kv, self.h, t), v_btkh.dtype))
             new_kv = None
         else:
             new_kv = write_block(kv[0], k_btkh, start_b), write_transposed(kv[1], v_btkh, start_b)

@@ -45,9 +45,7 @@ using F32x4 = ffi::Buffer<ffi::F32, 4>;
 using S32x1 = ffi::Buffer<ffi::S32, 1>;
 using Predx3 = ffi::Buffer<ffi::PRED, 3>;
 using F32x4Result = ffi::ResultBuffer<ffi::F32, 4>;
-using F32x2 = ffi::Buffer<ffi::F32, 2>;
 using F32x1 = ffi::Buffer<ffi::F32, 1>;
-using F32x2Result = ffi::ResultBuffer<ffi::F32, 2>;
 
 struct Problem {
   const float *q, *keys, *values, *bk, *bv;
@@ -117,6 +115,7 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
     }
     for (int64_t g = 0; g < G; ++g) e[g * padded + i] = _mm512_reduce_add_ps(acc[g]);
   }
+  float inv_z[kMaxG];
   for (int64_t g = 0; g < G; ++g) {
     float* eg = e.data() + g * padded;
     float m = eg[0];
@@ -128,9 +127,7 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
       _mm512_storeu_ps(eg + i, w);
       z = _mm512_add_ps(z, w);
     }
-    const float inv_z = 1.0f / _mm512_reduce_add_ps(z);
-    float* og = o_base + g * H;
-    for (int64_t h = 0; h < H; ++h) og[h] = inv_z;  // scaled below by each sum
+    inv_z[g] = 1.0f / _mm512_reduce_add_ps(z);
   }
   // Values: entry i's value for head dim h, lanes i mod 16. A run of 16 cache entries in consecutive slots
   // is one vector load per h; other groups are gathered into `col` first (the same numbers, same lanes).
@@ -150,7 +147,7 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
       }
       for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(e.data() + g * padded + i), v, acc[g]);
     }
-    for (int64_t g = 0; g < G; ++g) o_base[g * H + h] *= _mm512_reduce_add_ps(acc[g]);
+    for (int64_t g = 0; g < G; ++g) o_base[g * H + h] = inv_z[g] * _mm512_reduce_add_ps(acc[g]);
   }
 }
 
@@ -194,7 +191,7 @@ ffi::Error Attention(ffi::ThreadPool pool, F32x4 q, F32x4 keys, F32x4 values, F3
 
 // RMS norm of each row of x [M, D]: y = (x · 1 / sqrt(mean(x²) + eps)) · scale, the sum of squares in 16 lanes
 // (column i in lane i mod 16) then one fixed horizontal sum; D a multiple of 16.
-ffi::Error RmsNorm(F32x2 x, F32x1 scale, float eps, F32x2Result y) {
+ffi::Error RmsNorm(specjax::F32Matrix x, F32x1 scale, float eps, specjax::F32Result y) {
   const int64_t M = x.dimensions()[0], D = x.dimensions()[1];
   if (D % kL != 0 || scale.dimensions()[0] != D)
     return ffi::Error::InvalidArgument("shapes the fixed-order RMS norm does not take");
@@ -218,7 +215,7 @@ ffi::Error RmsNorm(F32x2 x, F32x1 scale, float eps, F32x2Result y) {
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxFixedOrderRmsNorm, RmsNorm,
-                              ffi::Ffi::Bind().Arg<F32x2>().Arg<F32x1>().Attr<float>("eps").Ret<F32x2>());
+                              ffi::Ffi::Bind().Arg<specjax::F32Matrix>().Arg<F32x1>().Attr<float>("eps").Ret<specjax::F32Matrix>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxFixedOrderAttention, Attention,
                               ffi::Ffi::Bind()

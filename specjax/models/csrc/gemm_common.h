@@ -1,5 +1,5 @@
-// What both native kernels share: their FFI binding and argument checks, and the split of their work into
-// chunks of output rows on XLA's intra-op pool.
+// What the native kernels share: the split of their work into chunks on XLA's intra-op pool (all three
+// libraries), the float32 matrix aliases, and the two matrix-product kernels' FFI binding and argument checks.
 #pragma once
 
 #include <immintrin.h>

@@ -98,7 +98,7 @@ class DecodeOptions:
     model: str | None = None  # None: the embedded Gemma 3 270M; or a .gguf file / Hugging Face directory
     dtype: str = "float32"
     weights: str = "auto"  # auto | float32 | bfloat16 | int8 | q4: matrices kept low-precision, dequantized in-graph
-    activations: str = "auto"  # auto | float32 | int8: int8 / q4 matrices times int8 activations (CPU VNNI kernels)
+    activations: str = "auto"  # auto | float32 | int8: int8 / q4 matrices times int8 activations (CPU kernels)
     prompt: str | None = None
     prompt_file: str | None = None  # the whole file (- = standard input) as one prompt
     prompts_file: str | None = None

@@ -6,13 +6,15 @@ compute-bound on a CPU (a verification of 9 rows cost 3–4.5 one-row products).
 quantizes the activations to int8 and sums integer products. The "int8" native kernel does the same:
 each row of x is quantized per block of the matrix's columns (x8 = round(127·x / max|x|), one float32
 scale per block: finer than llama.cpp's blocks of 256), the block sums are exact integer dot products
-(AVX-512 VNNI, 64 per instruction), and the blocks are combined in float32 in one fixed order. A row's
+(AVX-512 VNNI, 64 per instruction; on AVX2, maddubs / madd: the same integers, csrc/simd16.h), and the
+blocks are combined in float32 in one fixed order. A row's
 result is therefore the same whatever the number of rows in the call: speculative verification gives
 each row exactly what a one-row step gives it, so greedy speculative output still equals plain greedy.
 
 The numbers change (an activation rounding per element, relative step 1/254 of a block's largest |x|):
 docs/performance.md reports the greedy agreement and perplexity against float32 on both real models.
-`activations=float32` (the default) keeps the bit-identical weights and float32 products.
+`activations=float32` keeps the bit-identical weights and float32 products (`activations=auto`, the CLI's
+default, is int8 where these kernels run).
 
 The kernel reads each matrix in tiles of 16 output rows (csrc/int8_activation_gemm.cc explains the
 layout): `tile_model` re-lays every packed matrix of a loaded model, in place, as a `TiledBlockQuant`
@@ -37,21 +39,21 @@ from specjax.models.reductions import argmax
 from specjax.models.transformer import Attention
 
 ACTIVATION_CHOICES = ("auto", "float32", "int8")
-KERNELS_NEEDED = ("int8", "attention", "rms_norm")
-LANES = 16  # output rows per tile (one int32 lane of an AVX-512 vector each)
+KERNELS_NEEDED = native_kernels.INT8_PATH
+LANES = 16  # output rows per tile (one int32 lane of csrc/simd16.h's vectors each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
 
 
 def resolve(activations: str, weights: str, dtype: str = "float32") -> str:
     """Checks an `activations=` option against the resolved `weights=` format and dtype (one clear line
     otherwise) and resolves "auto": int8 for int8 / q4 matrices in float32 where the kernels run (x86-64 with
-    AVX-512 VNNI; llama.cpp's arithmetic, and since attention and norms sum in a fixed order, greedy
+    AVX2 + FMA or AVX-512 VNNI; llama.cpp's arithmetic, and since attention and norms sum in a fixed order, greedy
     speculation still reproduces plain decoding), float32 otherwise (float weights, bfloat16, accelerators)."""
     check(activations, weights, dtype)
     if activations != "auto":
         return activations
     takes = weights in ("int8", "q4") and dtype == "float32" and jax.default_backend() == "cpu"
-    return "int8" if takes and all(native_kernels.available(k) for k in KERNELS_NEEDED) else "float32"
+    return "int8" if takes and native_kernels.int8_path_available() else "float32"
 
 
 def check(activations: str, weights: str, dtype: str = "float32") -> None:
@@ -65,8 +67,8 @@ def check(activations: str, weights: str, dtype: str = "float32") -> None:
             raise ConfigError(f"activations=int8 needs dtype=float32, not {dtype}")
         for kind in KERNELS_NEEDED:
             if not native_kernels.available(kind):
-                raise ConfigError(f"activations=int8 needs specjax's {kind} CPU kernel (AVX-512 VNNI), unavailable "
-                                  f"here: {native_kernels.unavailable_reason(kind)}")
+                raise ConfigError(f"activations=int8 needs specjax's {kind} CPU kernel (x86-64, AVX2 or AVX-512), "
+                                  f"unavailable here: {native_kernels.unavailable_reason(kind)}")
 
 
 def _block(out: int, width: int, nb: int, q4: bool) -> int | None:

@@ -11,18 +11,19 @@ dot product's additions differs.
 
 The library is compiled on first use with the system's C++ compiler (``$CXX``, else ``c++``;
 ``-O3 -march=native -ffp-contract=off``, ~2 s) against JAX's FFI headers and kept in specjax's cache, keyed by the
-source, the jaxlib version, the compiler and the CPU. Where that fails (no compiler, no AVX-512, not
-x86-64) the XLA path is used and :func:`unavailable_reason` says why; ``SPECJAX_NATIVE_KERNELS=0``
+source, the jaxlib version, the compiler, its flags and the CPU. Where that fails (no compiler, no AVX-512 for
+this kernel, not x86-64) the XLA path is used and :func:`unavailable_reason` says why; ``SPECJAX_NATIVE_KERNELS=0``
 turns the kernels off. Only the CPU backend profile uses them (`BackendProfile.native_max_rows`);
 accelerators keep plain fused XLA.
 
-A second kernel, ``csrc/int8_activation_gemm.cc`` (AVX-512 VNNI), serves `activations=int8`
-(`int8_activations.py`): x is quantized to int8 per row and block, the block sums are integer
-dot products (vpdpbusd), on matrices re-laid out in tiles of 16 output rows. A third library,
-``csrc/fixed_order.cc``, holds attention and RMS norm with every sum in one fixed order (the same result for
-a row in a one-token step, a verification block or a prefill), which int8 activations need for greedy
-speculative decoding to keep plain decoding's tokens. All are built the same way; ``kind`` ("float32",
-"int8", "attention" or "rms_norm") names which kernel.
+A second kernel, ``csrc/int8_activation_gemm.cc``, serves `activations=int8` (`int8_activations.py`): x is
+quantized to int8 per row and block, the block sums are integer dot products (vpdpbusd), on matrices re-laid
+out in tiles of 16 output rows. A third library, ``csrc/fixed_order.cc``, holds attention and RMS norm with
+every sum in one fixed order (the same result for a row in a one-token step, a verification block or a
+prefill), which int8 activations need for greedy speculative decoding to keep plain decoding's tokens. These
+two are written on ``csrc/simd16.h``'s 16 lanes: AVX-512 (F, BW, VNNI) where the CPU has it, else AVX2 + FMA,
+with the same bits either way (``SPECJAX_NATIVE_ISA=avx2`` builds the AVX2 form on an AVX-512 machine). All are
+built the same way; ``kind`` ("float32", "int8", "attention" or "rms_norm") names which kernel.
 """
 
 from __future__ import annotations
@@ -42,15 +43,19 @@ import numpy as np
 
 from specjax.models.artifacts import cache_root, ensure_dir
 
-__all__ = ["ENV", "KERNELS", "SOURCE", "applies", "available", "block_quant_product", "fixed_order_attention",
-           "fixed_order_rms_norm", "target_name", "unavailable_reason"]
+__all__ = ["ENV", "INT8_PATH", "ISA_ENV", "KERNELS", "SOURCE", "applies", "available", "block_quant_product",
+           "fixed_order_attention", "fixed_order_rms_norm", "int8_path_available", "target_name", "unavailable_reason"]
 
 ENV = "SPECJAX_NATIVE_KERNELS"
+# "avx2": build without AVX-512 (-mno-avx512f) where the CPU has it, for tests and benchmarks of the AVX2 form.
+ISA_ENV = "SPECJAX_NATIVE_ISA"
 # kind -> (source file stem, exported handler symbol)
 KERNELS = {"float32": ("block_quant_gemm", "SpecjaxBlockQuantGemm"),
            "int8": ("int8_activation_gemm", "SpecjaxInt8ActivationGemm"),
            "attention": ("fixed_order", "SpecjaxFixedOrderAttention"),
            "rms_norm": ("fixed_order", "SpecjaxFixedOrderRmsNorm")}
+# The kernels `activations=int8` runs on (AVX2 + FMA or AVX-512 VNNI); the float32 one needs AVX-512.
+INT8_PATH = ("int8", "attention", "rms_norm")
 SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -73,6 +78,14 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _flags() -> tuple[str, ...]:
+    """The compiler flags: `_FLAGS`, and -mno-avx512f when `ISA_ENV` asks for the AVX2 form."""
+    isa = os.environ.get(ISA_ENV, "native").strip().lower()
+    if isa not in ("native", "avx2"):
+        raise OSError(f"{ISA_ENV}={isa!r}: expected 'native' or 'avx2'")
+    return _FLAGS + (("-mno-avx512f",) if isa == "avx2" else ())
+
+
 def _source(kind: str) -> Path:
     return Path(__file__).with_name("csrc") / f"{KERNELS[kind][0]}.cc"
 
@@ -81,7 +94,7 @@ def _key(compiler: str, kind: str) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     headers = b"".join(h.read_bytes() for h in sorted(_source(kind).parent.glob("*.h")))
     parts = (_source(kind).read_bytes() + headers, jax.lib.__version__.encode(), version.encode(),
-             " ".join(_FLAGS).encode(), _cpu_flags().encode())
+             " ".join(_flags()).encode(), _cpu_flags().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -90,7 +103,7 @@ def _library(kind: str) -> str:
 
 
 def _build(folder: Path, compiler: str, kind: str) -> None:
-    command = [compiler, *_FLAGS, "-I", jax.ffi.include_dir(), str(_source(kind)), "-o", str(folder / _library(kind))]
+    command = [compiler, *_flags(), "-I", jax.ffi.include_dir(), str(_source(kind)), "-o", str(folder / _library(kind))]
     done = subprocess.run(command, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines() or ["?"]
@@ -99,11 +112,12 @@ def _build(folder: Path, compiler: str, kind: str) -> None:
 
 @functools.cache
 def _load(kind: str = "float32") -> tuple[str | None, str | None]:
-    """(registered target name, None) or (None, why kernel `kind` is not available)."""
+    """(registered target name, None) or (None, why kernel `kind` is not available); reads `ENV` and `ISA_ENV`
+    once per process (tests clear the cache)."""
     if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None, f"{ENV}={os.environ[ENV]}"
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"the kernels are x86-64 AVX-512 code; this machine is {platform.machine()}"
+        return None, f"the kernels are x86-64 code (AVX2 or AVX-512); this machine is {platform.machine()}"
     compiler = _compiler()
     if compiler is None:
         return None, f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH"
@@ -126,6 +140,11 @@ def _load(kind: str = "float32") -> tuple[str | None, str | None]:
 def available(kind: str = "float32") -> bool:
     """Whether native kernel `kind` is built and registered (builds it on first call)."""
     return _load(kind)[0] is not None
+
+
+def int8_path_available() -> bool:
+    """Whether every kernel of the int8-activation path (`INT8_PATH`) is available."""
+    return all(available(k) for k in INT8_PATH)
 
 
 def unavailable_reason(kind: str = "float32") -> str | None:

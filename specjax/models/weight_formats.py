@@ -50,15 +50,17 @@ WEIGHT_CHOICES = ("auto", *WEIGHT_FORMATS)
 def resolve_weights(name: str, gguf: bool = False) -> str:
     """Checks a `weights=` option (a clear message for anything else) and resolves "auto".
 
-    "auto" is q4 for a GGUF file where the native kernel runs (the file's own integers: the weights are
-    bit-identical to float32's, and a step reads a quarter of the bytes; docs/performance.md), float32
-    otherwise (Hugging Face directories, whose q4 would be lossy; accelerators; no native kernel).
+    "auto" is q4 for a GGUF file where a native kernel takes it (the float32 one, AVX-512; or the int8-activation
+    path, AVX2 or AVX-512 VNNI, which `activations=auto` then picks): the file's own integers, bit-identical to
+    float32's weights, and a step reads a quarter of the bytes (docs/performance.md); float32 otherwise (Hugging
+    Face directories, whose q4 would be lossy; accelerators; no native kernel).
     """
     if name not in WEIGHT_CHOICES:
         raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_CHOICES)}")
     if name != "auto":
         return name
-    return "q4" if gguf and profile_for().native_max_rows > 0 and native_kernels.available() else "float32"
+    native = native_kernels.available() or native_kernels.int8_path_available()
+    return "q4" if gguf and profile_for().native_max_rows > 0 and native else "float32"
 
 
 def block_rows(out_dim: int, in_dim: int, block_bytes: int, min_rows: int = 1) -> int:

@@ -224,14 +224,14 @@ def test_block_quant_refuses_float32_values():
 
 
 def test_auto_is_the_files_own_integers_where_the_native_kernel_runs(monkeypatch):
-    """weights=auto: q4 for GGUF files (bit-identical weights) when the CPU kernel runs; float32 for float
+    """weights=auto: q4 for GGUF files (bit-identical weights) when a CPU kernel takes them; float32 for float
     checkpoints (q4 would be lossy), on accelerators and without the kernel."""
     import dataclasses
 
     from specjax.models import backend_profile, native_kernels
     from specjax.models.loading import resolved_weights
 
-    native = native_kernels.available()
+    native = native_kernels.available() or native_kernels.int8_path_available()
     assert wf.resolve_weights("auto", gguf=True) == ("q4" if native else "float32")
     assert wf.resolve_weights("auto", gguf=False) == "float32"
     assert resolved_weights(None, "auto") == resolved_weights("x.gguf", "auto") == wf.resolve_weights("auto", True)
@@ -240,5 +240,9 @@ def test_auto_is_the_files_own_integers_where_the_native_kernel_runs(monkeypatch
     monkeypatch.setattr(wf, "profile_for", lambda backend=None: backend_profile.ACCELERATOR)
     assert wf.resolve_weights("auto", gguf=True) == "float32"
     monkeypatch.setattr(wf, "profile_for", lambda backend=None: dataclasses.replace(backend_profile.CPU))
+    # An AVX2 CPU: no float32 kernel (AVX-512 code), the int8-activation path builds: q4, for activations=auto.
+    monkeypatch.setattr(native_kernels, "_load", lambda kind="float32": (None, "no AVX-512") if kind == "float32"
+                        else (f"target_{kind}", None))
+    assert wf.resolve_weights("auto", gguf=True) == "q4"
     monkeypatch.setattr(native_kernels, "_load", lambda kind="float32": (None, "no compiler"))
     assert wf.resolve_weights("auto", gguf=True) == "float32"

@@ -74,7 +74,7 @@ def packed_share(model, profile) -> float:
 
 def product_kernel(model, profile) -> str:
     """Which products a verify forward of the target runs (`policy.estimated_verify_cost` models each):
-    "int8" (`activations=int8`: every packed product in the VNNI kernel), "native" (packed matrices in the
+    "int8" (`activations=int8`: every packed product in the int8 kernel), "native" (packed matrices in the
     float32 native kernel up to `BackendProfile.native_max_rows` rows), or "xla"."""
     from specjax.models import native_kernels
 

@@ -19,8 +19,6 @@
 // Scores: per entry, 16-lane products over H then one fixed horizontal sum. Softmax: m = max, e_i =
 // exp(score_i - m) (the polynomial below), z = sum of e_i with lane i mod 16, then a fixed horizontal sum.
 // Output: per h, sum of e_i v_i[h] with lane i mod 16, then / z.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,15 +26,14 @@
 #include <vector>
 
 #include "gemm_common.h"
+#include "simd16.h"
 #include "xla/ffi/api/ffi.h"
-
-#if !defined(__AVX512F__)
-#error "specjax's fixed-order attention needs AVX-512F"
-#endif
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using namespace specjax::simd;  // F16: 16 float32 lanes, the same bits on AVX-512 and AVX2
 
 constexpr int64_t kL = 16;    // float32 lanes
 constexpr int64_t kMaxG = 16;  // query heads per key / value head
@@ -58,21 +55,14 @@ struct Problem {
 
 // e^x for x <= 0 (scores minus their max): x = n ln2 + r, |r| <= ln2 / 2, e^r by its Taylor polynomial to
 // degree 7 (relative error < 2e-7), times 2^n. Below -87 the result is 0 (a weight under float32's range).
-inline __m512 Exp(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512 e = _mm512_scalef_ps(p, n);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), e);
+// 2^n is a normal float there (n >= -126), so p · 2^n rounds once, like a scale by the exponent.
+inline F16 Exp(F16 x) {
+  const F16 n = RoundNearest(Mul(x, Set1(1.44269504088896341f)));
+  F16 r = FNMAdd(n, Set1(0.693145751953125f), x);
+  r = FNMAdd(n, Set1(1.428606765330187e-06f), r);
+  F16 p = Set1(1.0f / 5040);
+  for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = FMAdd(p, r, Set1(c));
+  return KeepAtLeast(x, -87.0f, Mul(p, Pow2(KeepAtLeast(x, -87.0f, n))));
 }
 
 // Where slot s of row b is stored: its key row (H floats) and its value column (stride between h's).
@@ -106,48 +96,47 @@ void Query(const Problem& p, int64_t b, int64_t t, int64_t c, std::vector<Entry>
   }
   e.assign(G * padded, 0.0f);
   const float* q0 = p.q + ((b * T + t) * p.N + c * G) * H;
-  __m512 acc[kMaxG];
+  F16 acc[kMaxG];
   for (int64_t i = 0; i < n; ++i) {  // scores: each key row read once for the G heads
-    for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) acc[g] = Zero();
     for (int64_t h = 0; h < H; h += kL) {
-      const __m512 k = _mm512_loadu_ps(ent[i].key + h);
-      for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + g * H + h), k, acc[g]);
+      const F16 k = Load(ent[i].key + h);
+      for (int64_t g = 0; g < G; ++g) acc[g] = FMAdd(Load(q0 + g * H + h), k, acc[g]);
     }
-    for (int64_t g = 0; g < G; ++g) e[g * padded + i] = _mm512_reduce_add_ps(acc[g]);
+    for (int64_t g = 0; g < G; ++g) e[g * padded + i] = ReduceAdd(acc[g]);
   }
   float inv_z[kMaxG];
   for (int64_t g = 0; g < G; ++g) {
     float* eg = e.data() + g * padded;
     float m = eg[0];
     for (int64_t i = 1; i < n; ++i) m = std::max(m, eg[i]);
-    __m512 z = _mm512_setzero_ps();
+    F16 z = Zero();
     for (int64_t i = 0; i < padded; i += kL) {
-      const __mmask16 live = i + kL <= n ? 0xFFFF : static_cast<__mmask16>((1u << (n - i)) - 1);
-      const __m512 w = _mm512_maskz_mov_ps(live, Exp(_mm512_sub_ps(_mm512_loadu_ps(eg + i), _mm512_set1_ps(m))));
-      _mm512_storeu_ps(eg + i, w);
-      z = _mm512_add_ps(z, w);
+      const F16 w = FirstLanes(Exp(Sub(Load(eg + i), Set1(m))), n - i);
+      Store(eg + i, w);
+      z = Add(z, w);
     }
-    inv_z[g] = 1.0f / _mm512_reduce_add_ps(z);
+    inv_z[g] = 1.0f / ReduceAdd(z);
   }
   // Values: entry i's value for head dim h, lanes i mod 16. A run of 16 cache entries in consecutive slots
   // is one vector load per h; other groups are gathered into `col` first (the same numbers, same lanes).
   alignas(64) float col[kL];
   for (int64_t h = 0; h < H; ++h) {
-    for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) acc[g] = Zero();
     for (int64_t i = 0; i < padded; i += kL) {
-      __m512 v;
+      F16 v;
       // 16 entries in consecutive slots of one array: the first and last are slots 15 apart in the cache (below
       // the block: no visible cache slot lies past it) or both in the block, so every slot between is too.
       const Entry &first = ent[i], &last = ent[std::min(i + kL, n) - 1];
       if (i + kL <= n && last.slot == first.slot + kL - 1 && first.in_block == last.in_block) {
-        v = _mm512_loadu_ps(first.value + h * first.stride);
+        v = Load(first.value + h * first.stride);
       } else {
         for (int64_t l = 0; l < kL; ++l) col[l] = i + l < n ? ent[i + l].value[h * ent[i + l].stride] : 0.0f;
-        v = _mm512_load_ps(col);
+        v = Load(col);
       }
-      for (int64_t g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(e.data() + g * padded + i), v, acc[g]);
+      for (int64_t g = 0; g < G; ++g) acc[g] = FMAdd(Load(e.data() + g * padded + i), v, acc[g]);
     }
-    for (int64_t g = 0; g < G; ++g) o_base[g * H + h] = inv_z[g] * _mm512_reduce_add_ps(acc[g]);
+    for (int64_t g = 0; g < G; ++g) o_base[g * H + h] = inv_z[g] * ReduceAdd(acc[g]);
   }
 }
 
@@ -200,14 +189,13 @@ ffi::Error RmsNorm(specjax::F32Matrix x, F32x1 scale, float eps, specjax::F32Res
   float* ys = y->typed_data();
   for (int64_t r = 0; r < M; ++r) {
     const float* xr = xs + r * D;
-    __m512 acc = _mm512_setzero_ps();
+    F16 acc = Zero();
     for (int64_t i = 0; i < D; i += kL) {
-      const __m512 v = _mm512_loadu_ps(xr + i);
-      acc = _mm512_fmadd_ps(v, v, acc);
+      const F16 v = Load(xr + i);
+      acc = FMAdd(v, v, acc);
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(D) + eps));
-    for (int64_t i = 0; i < D; i += kL)
-      _mm512_storeu_ps(ys + r * D + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), inv), _mm512_loadu_ps(sc + i)));
+    const F16 inv = Set1(1.0f / std::sqrt(ReduceAdd(acc) / static_cast<float>(D) + eps));
+    for (int64_t i = 0; i < D; i += kL) Store(ys + r * D + i, Mul(Mul(Load(xr + i), inv), Load(sc + i)));
   }
   return ffi::Error::Success();
 }

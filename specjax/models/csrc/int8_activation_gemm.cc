@@ -6,38 +6,39 @@
 // x is quantized here, per row and per block of the matrix's columns: x8 = round(x * 127 / amax),
 // sx = amax / 127 (what llama.cpp does with its q8 activations, on finer blocks). The sums over a block
 // are exact integer arithmetic (AVX-512 VNNI, vpdpbusd: 64 products per instruction, four times the
-// float32 FMA rate, no conversion of the weights to float); the float32 combination of the blocks runs in
+// float32 FMA rate, no conversion of the weights to float; on AVX2, maddubs and madd, the same integers:
+// simd16.h); the float32 combination of the blocks runs in
 // one fixed order, so a row's result does not depend on how many rows the call has or which thread ran
 // it: a verification of k + 1 rows gives each row exactly what a one-row decoding step gives it.
 //
 // Layout ("tiles of 16 output rows", made by `int8_activations.tile_arrays`, same array shapes as the
 // row-major BlockQuant): the bytes of 16 output rows are one contiguous tile in which the rows' 4-byte
 // words alternate: word w of rows 0..15, then word w + 1, ... so each 64-byte vector holds one word per
-// output row (one vpdpbusd lane each). A word is 4 int8 values (stored signed, flipped to q + 128 here:
+// output row (one vpdpbusd lane each). A word is 4 int8 values (stored signed; VNNI flips them to q + 128:
 // vpdpbusd multiplies unsigned by signed bytes; 128 · Σx8 is subtracted), or 4 bytes of 4-bit pairs
 // whose low nibbles are columns c..c+3 and high nibbles columns in/2 + c..c+3 (BlockQuant's own pairing),
 // so the low and high nibbles of one vector feed two different scale blocks.
 // The scale (offset) of a tile is [nb][16] floats, so one vector load gives 16 output rows' scales.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "gemm_common.h"
+#include "simd16.h"
 #include "xla/ffi/api/ffi.h"
-
-#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
-#error "specjax's int8 activation kernel needs AVX-512 (F, BW, VNNI); the float32 kernels are used instead"
-#endif
 
 namespace ffi = xla::ffi;
 
 namespace {
 
+using namespace specjax::simd;  // F16 / I16: 16 lanes, the same bits on AVX-512 VNNI and AVX2
+
 constexpr int64_t kLanes = 16;  // output rows per tile: one int32 lane of a vector each
-constexpr int kMaxRows = 8;     // rows of x per register tile
+#if defined(SPECJAX_SIMD_AVX512)
+constexpr int kMaxRows = 8;  // rows of x per register tile (2 x 8 of the 32 registers)
+#else
+constexpr int kMaxRows = 4;  // AVX2 has 16 registers and a lane group takes two
+#endif
 
 // values: tiles of 16 output rows (see above); scale, offset: [out / 16][nb][16].
 struct Problem : specjax::GemmArgs {
@@ -53,56 +54,44 @@ void Quantize(Problem& p) {
     for (int64_t b = 0; b < p.nb; ++b) {
       const float* xb = p.x + r * p.in + b * B;
       int8_t* qb = p.x8.data() + r * p.in + b * B;
-      __m512 amax = _mm512_setzero_ps();
-      for (int64_t k = 0; k < B; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
-      const float a = _mm512_reduce_max_ps(amax);
+      F16 amax = Zero();
+      for (int64_t k = 0; k < B; k += 16) amax = Max(amax, Abs(Load(xb + k)));
+      const float a = ReduceMax(amax);
       const float inv = a > 0.0f ? 127.0f / a : 0.0f;
-      __m512i sum = _mm512_setzero_si512();
+      I16 sum = IZero();
       for (int64_t k = 0; k < B; k += 16) {
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + k), _mm512_set1_ps(inv)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + k), _mm512_cvtsepi32_epi8(q));
-        sum = _mm512_add_epi32(sum, q);
+        const I16 q = ToInt(Mul(Load(xb + k), Set1(inv)));
+        StoreInt8(qb + k, q);
+        sum = IAdd(sum, q);
       }
       p.sx[r * p.nb + b] = a / 127.0f;
-      p.xsum[r * p.nb + b] = _mm512_reduce_add_epi32(sum);
+      p.xsum[r * p.nb + b] = IReduceAdd(sum);
     }
   }
-}
-
-inline __m512i Bcast(const int8_t* at) {
-  int32_t v;
-  std::memcpy(&v, at, 4);
-  return _mm512_set1_epi32(v);
 }
 
 // The integer sums of one scale block for MR rows of x: `words` vectors from w (nibble: 0 = int8 values,
 // 1 = low nibbles, 2 = high nibbles) against x8 from xb.
 template <int MR>
-inline void BlockSums(__m512i (&d)[MR], const uint8_t* w, int64_t words, int nibble, const int8_t* xb, int64_t in) {
-  const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int r = 0; r < MR; ++r) d[r] = _mm512_setzero_si512();
-  for (int64_t v = 0; v < words; ++v, w += 64) {
-    const __m512i raw = _mm512_loadu_si512(w);
-    const __m512i u = nibble == 0   ? _mm512_xor_si512(raw, flip)
-                      : nibble == 1 ? _mm512_and_si512(raw, low)
-                                    : _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-    for (int r = 0; r < MR; ++r) d[r] = _mm512_dpbusd_epi32(d[r], u, Bcast(xb + r * in + 4 * v));
-  }
+inline void BlockSums(I16 (&d)[MR], const uint8_t* w, int64_t words, int nibble, const int8_t* xb, int64_t in) {
+  for (int r = 0; r < MR; ++r) d[r] = IZero();
+  for (int64_t v = 0; v < words; ++v, w += 64)
+    for (int r = 0; r < MR; ++r) d[r] = DotWords(d[r], w, nibble, xb + r * in + 4 * v);
 }
 
-// acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (the int8 form's Σ (q + 128) x8
+// acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (VNNI's int8 form Σ (q + 128) x8
 // first loses 128 · Σ x8).
 template <int MR, bool OFF>
-inline void Combine(const Problem& p, __m512 (&acc)[MR], const __m512i (&d)[MR], int64_t m0, int64_t b,
+inline void Combine(const Problem& p, F16 (&acc)[MR], const I16 (&d)[MR], int64_t m0, int64_t b,
                     const float* sc, const float* of) {
-  const __m512 s = _mm512_loadu_ps(sc + b * kLanes);
-  const __m512 o = OFF ? _mm512_loadu_ps(of + b * kLanes) : s;
+  const F16 s = Load(sc + b * kLanes);
+  const F16 o = OFF ? Load(of + b * kLanes) : s;
   for (int r = 0; r < MR; ++r) {
     const int64_t at = (m0 + r) * p.nb + b;
-    const __m512i di = p.q4 ? d[r] : _mm512_sub_epi32(d[r], _mm512_set1_epi32(128 * p.xsum[at]));
-    __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(di), s);
-    if (OFF) t = _mm512_fnmadd_ps(o, _mm512_set1_ps(static_cast<float>(p.xsum[at])), t);
-    acc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(p.sx[at]), acc[r]);
+    const I16 di = p.q4 || !kInt8Flipped ? d[r] : ISub(d[r], ISet1(128 * p.xsum[at]));
+    F16 t = Mul(ToFloat(di), s);
+    if (OFF) t = FNMAdd(o, Set1(static_cast<float>(p.xsum[at])), t);
+    acc[r] = FMAdd(t, Set1(p.sx[at]), acc[r]);
   }
 }
 
@@ -115,9 +104,9 @@ void Tile(const Problem& p, int64_t m0, int64_t g) {
   const float* sc = p.scale + g * kLanes * nb;
   const float* of = OFF ? p.offset + g * kLanes * nb : nullptr;
   const int8_t* x8 = p.x8.data() + m0 * p.in;
-  __m512 acc[MR];
-  __m512i d[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  F16 acc[MR];
+  I16 d[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = Zero();
   if (p.q4) {
     const int64_t half = p.in / 2, words = B / 4;  // a block of low (high) nibbles: B bytes per row
     for (int64_t b = 0; b < nb / 2; ++b, w += 64 * words) {
@@ -133,7 +122,7 @@ void Tile(const Problem& p, int64_t m0, int64_t g) {
       Combine<MR, OFF>(p, acc, d, m0, b, sc, of);
     }
   }
-  for (int r = 0; r < MR; ++r) _mm512_storeu_ps(p.y + (m0 + r) * p.out + g * kLanes, acc[r]);
+  for (int r = 0; r < MR; ++r) Store(p.y + (m0 + r) * p.out + g * kLanes, acc[r]);
 }
 
 template <int MR>

@@ -9,16 +9,13 @@ one clear line.
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import ByteTokenizer, tiny_config
 from flax import nnx
-from test_native_kernels import LAYOUTS, _matrix
+from test_native_kernels import LAYOUTS, _matrix, cpu_builds
 
 from specjax.models import native_kernels, transformer, weight_formats
 from specjax.models.config import ConfigError
@@ -27,13 +24,8 @@ from specjax.models.quant import BlockQuant
 
 
 def _buildable() -> bool:
-    """x86-64 with AVX2 and FMA (or AVX-512 VNNI, which implies them) and a C++ compiler."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return (platform.machine() == "x86_64" and " avx2" in flags and " fma" in flags
-            and native_kernels._compiler() is not None)
+    """x86-64 with AVX2 and FMA (AVX-512 VNNI CPUs have them too) and a C++ compiler."""
+    return cpu_builds("avx2", "fma")
 
 
 needs_kernel = pytest.mark.skipif(not native_kernels.available("int8"),

@@ -45,14 +45,19 @@ def _matrix(layout: str, out: int, width: int, seed: int = 0) -> BlockQuant:
     return BlockQuant(values, scale, offset)
 
 
-def _expects_native() -> bool:
-    """Whether this machine can build the kernels: x86-64 with AVX-512 F and BW, and a C++ compiler."""
+def cpu_builds(*flags: str) -> bool:
+    """Whether this machine can build a kernel needing these /proc/cpuinfo flags: x86-64, each flag, a C++ compiler."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        listed = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return (platform.machine() == "x86_64" and " avx512f" in flags and " avx512bw" in flags
+    return (platform.machine() == "x86_64" and all(f" {flag}" in listed for flag in flags)
             and native_kernels._compiler() is not None)
+
+
+def _expects_native() -> bool:
+    """Whether this machine can build the float32 kernel: AVX-512 F and BW."""
+    return cpu_builds("avx512f", "avx512bw")
 
 
 def test_the_kernels_build_where_the_cpu_allows_it():

@@ -8,32 +8,20 @@ integer block sums), so a model decodes the same tokens on either kind of CPU.
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import tiny_config
 from flax import nnx
 from test_fixed_order import _arrays, _call
-from test_native_kernels import LAYOUTS, _matrix
+from test_native_kernels import LAYOUTS, _matrix, cpu_builds
 
 from specjax.models import native_kernels, transformer, weight_formats
 from specjax.models.int8_activations import TiledBlockQuant, tile_model
 
-
-def _both_forms() -> bool:
-    """Whether this machine builds both forms: x86-64 with AVX-512 VNNI (and so AVX2) and a C++ compiler."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return (platform.machine() == "x86_64" and " avx512_vnni" in flags and " avx512bw" in flags
-            and native_kernels._compiler() is not None)
-
-
-needs_both = pytest.mark.skipif(not _both_forms(), reason="needs an AVX-512 VNNI CPU to compare with the AVX2 form")
+# Both forms build on x86-64 with AVX-512 VNNI (and so AVX2) and a C++ compiler.
+needs_both = pytest.mark.skipif(not cpu_builds("avx512_vnni", "avx512bw", "avx2", "fma"),
+                                reason="needs an AVX-512 VNNI CPU to compare with the AVX2 form")
 
 
 @pytest.fixture

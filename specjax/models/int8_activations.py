@@ -39,7 +39,6 @@ from specjax.models.reductions import argmax
 from specjax.models.transformer import Attention
 
 ACTIVATION_CHOICES = ("auto", "float32", "int8")
-KERNELS_NEEDED = native_kernels.INT8_PATH
 LANES = 16  # output rows per tile (one int32 lane of csrc/simd16.h's vectors each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
 
@@ -65,7 +64,7 @@ def check(activations: str, weights: str, dtype: str = "float32") -> None:
             raise ConfigError(f"activations=int8 needs weights=int8 or q4 (or auto resolving to one), not {weights}")
         if dtype != "float32":
             raise ConfigError(f"activations=int8 needs dtype=float32, not {dtype}")
-        for kind in KERNELS_NEEDED:
+        for kind in native_kernels.INT8_PATH:
             if not native_kernels.available(kind):
                 raise ConfigError(f"activations=int8 needs specjax's {kind} CPU kernel (x86-64, AVX2 or AVX-512), "
                                   f"unavailable here: {native_kernels.unavailable_reason(kind)}")

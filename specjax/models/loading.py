@@ -209,8 +209,7 @@ def load_model(
         `resolved_weights`'.
       activations: "float32", "int8" to multiply int8 / q4 matrices with int8 activations in specjax's
         CPU kernels (`int8_activations`, AVX2 or AVX-512; W4A8 like llama.cpp's, not bit-exact to float32), or
-        "auto"
-        (int8 where those kernels take the format, else float32: `int8_activations.resolve`).
+        "auto" (int8 where those kernels take the format, else float32: `int8_activations.resolve`).
 
     Raises:
       ModelFileError: missing or unreadable file, unsupported architecture.

@@ -56,6 +56,7 @@ KERNELS = {"float32": ("block_quant_gemm", "SpecjaxBlockQuantGemm"),
            "rms_norm": ("fixed_order", "SpecjaxFixedOrderRmsNorm")}
 # The kernels `activations=int8` runs on (AVX2 + FMA or AVX-512 VNNI); the float32 one needs AVX-512.
 INT8_PATH = ("int8", "attention", "rms_norm")
+_CPU_NEEDS = {"float32": ("avx512f", "avx512bw")}  # /proc/cpuinfo flags; the others: AVX2 and FMA
 SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -67,23 +68,43 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CXX") or "c++")
 
 
-def _cpu_flags() -> str:
-    """The CPU's feature flags (Linux), part of the cache key: -march=native code is for this CPU only."""
+def _cpuinfo_flags() -> str | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), or None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return None
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (or its name), part of the cache key: -march=native code is for this CPU only."""
+    return _cpuinfo_flags() or platform.processor()
+
+
+def _isa() -> str:
+    isa = os.environ.get(ISA_ENV, "native").strip().lower()
+    if isa not in ("native", "avx2"):
+        raise OSError(f"{ISA_ENV}={isa!r}: expected 'native' or 'avx2'")
+    return isa
 
 
 def _flags() -> tuple[str, ...]:
     """The compiler flags: `_FLAGS`, and -mno-avx512f when `ISA_ENV` asks for the AVX2 form."""
-    isa = os.environ.get(ISA_ENV, "native").strip().lower()
-    if isa not in ("native", "avx2"):
-        raise OSError(f"{ISA_ENV}={isa!r}: expected 'native' or 'avx2'")
-    return _FLAGS + (("-mno-avx512f",) if isa == "avx2" else ())
+    return _FLAGS + (("-mno-avx512f",) if _isa() == "avx2" else ())
+
+
+def _cpu_lacks(kind: str) -> str | None:
+    """Why this CPU cannot run kernel `kind`, known without compiling (None: the build decides). An AVX2 CPU
+    would otherwise compile the AVX-512-only float32 kernel, and fail, at every start."""
+    needs = _CPU_NEEDS.get(kind, ("avx2", "fma"))
+    if "avx512f" in needs and _isa() == "avx2":
+        return f"{ISA_ENV}=avx2 builds no AVX-512 code, and the {kind} kernel is AVX-512 only"
+    listed = _cpuinfo_flags()
+    missing = [] if listed is None else [f for f in needs if f not in listed.split()]
+    return f"the {kind} kernel needs {' and '.join(needs)}; this CPU lacks {', '.join(missing)}" if missing else None
 
 
 def _source(kind: str) -> Path:
@@ -118,6 +139,11 @@ def _load(kind: str = "float32") -> tuple[str | None, str | None]:
         return None, f"{ENV}={os.environ[ENV]}"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the kernels are x86-64 code (AVX2 or AVX-512); this machine is {platform.machine()}"
+    try:
+        if lacks := _cpu_lacks(kind):
+            return None, lacks
+    except OSError as err:  # a bad ISA_ENV value
+        return None, str(err)
     compiler = _compiler()
     if compiler is None:
         return None, f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH"

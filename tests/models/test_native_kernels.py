@@ -144,6 +144,33 @@ def test_a_failing_compiler_falls_back_with_its_first_error_line(monkeypatch, tm
         native_kernels._load.cache_clear()
 
 
+def test_a_cpu_without_the_instructions_is_refused_before_any_compile(monkeypatch, tmp_path):
+    """An AVX2 CPU skips the AVX-512-only float32 kernel without compiling it (it would fail at every start) and
+    builds the int8 path; an older CPU skips both. The reason names the missing flags."""
+    marker = tmp_path / "compiled"
+    script = tmp_path / "c++"
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 1.0; exit 0; }}\ntouch {marker}\nexit 1\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(native_kernels.ENV, raising=False)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    try:
+        for flags, refused in (("fpu sse2 avx avx2 fma", ("float32",)), ("fpu sse2 avx", ("float32", "int8"))):
+            monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda flags=flags: flags)
+            for kind in refused:
+                native_kernels._load.cache_clear()
+                assert not native_kernels.available(kind)
+                assert "this CPU lacks" in native_kernels.unavailable_reason(kind)
+            assert not marker.exists()
+        monkeypatch.setenv(native_kernels.ISA_ENV, "avx2")
+        monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda: "fpu avx2 fma avx512f avx512bw")
+        native_kernels._load.cache_clear()
+        assert "AVX-512 only" in native_kernels.unavailable_reason("float32") and not marker.exists()
+    finally:
+        native_kernels._load.cache_clear()
+
+
 @needs_native
 @pytest.mark.parametrize("fmt", ["q4", "int8"])
 def test_decoding_with_the_kernels_gives_the_xla_paths_tokens(monkeypatch, fmt):

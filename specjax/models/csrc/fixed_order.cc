@@ -62,7 +62,7 @@ inline F16 Exp(F16 x) {
   r = FNMAdd(n, Set1(1.428606765330187e-06f), r);
   F16 p = Set1(1.0f / 5040);
   for (const float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = FMAdd(p, r, Set1(c));
-  return KeepAtLeast(x, -87.0f, Mul(p, Pow2(KeepAtLeast(x, -87.0f, n))));
+  return KeepAtLeast(x, -87.0f, Mul(p, Pow2(n)));  // lanes below -87 (2^n out of range) become +0
 }
 
 // Where slot s of row b is stored: its key row (H floats) and its value column (stride between h's).

@@ -207,10 +207,18 @@ def block_quant_product(packed, x_mi: jax.Array) -> jax.Array:
     """x [m, in] @ Wᵀ → float32 [m, out] for a BlockQuant W, through the native kernel (see `applies`): the
     int8 activation kernel for matrices `int8_activations.tile_model` laid out for it, else the float32 one."""
     out, width = packed.shape
-    offset = packed.offset[...] if packed.offset is not None else jnp.zeros((out, 0), jnp.float32)
-    kind = "int8" if getattr(packed, "tiled", False) else "float32"
-    call = jax.ffi.ffi_call(target_name(kind), jax.ShapeDtypeStruct((x_mi.shape[0], out), jnp.float32))
-    return call(x_mi.astype(jnp.float32).reshape(-1, width), packed.values[...], packed.scale[...], offset)
+    scale = packed.scale[...]
+    empty = jnp.zeros((out, 0), scale.dtype)
+    offset = packed.offset[...] if packed.offset is not None else empty
+    x = x_mi.astype(jnp.float32).reshape(-1, width)
+    if not getattr(packed, "tiled", False):
+        call = jax.ffi.ffi_call(target_name("float32"), jax.ShapeDtypeStruct((x.shape[0], out), jnp.float32))
+        return call(x, packed.values[...], scale, offset)
+    # The int8 kernel also takes the compact scales' super-scales (int8_activations.tile_arrays).
+    supers = [jnp.zeros((out, 0), jnp.float32) if a is None else a[...] for a in (packed.scale_super,
+                                                                                   packed.offset_super)]
+    call = jax.ffi.ffi_call(target_name("int8"), jax.ShapeDtypeStruct((x.shape[0], out), jnp.float32))
+    return call(x, packed.values[...], scale, supers[0], offset, supers[1])
 
 
 def fixed_order_attention(q_btnh: jax.Array, keys_bskh: jax.Array, values_bkhs: jax.Array, k_btkh: jax.Array,

@@ -74,7 +74,7 @@ PARAM_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"mlp\.down\.w", ("mlp", "embed")),
     (r"norm\.scale", ("norm",)),
     (r"head_quant\.values", ("vocab", "embed")),
-    (r"head_quant\.(scale|offset)", ("vocab", "quant_blocks")),
+    (r"head_quant\.(scale|offset)(_super)?", ("vocab", "quant_blocks")),
     (r"(^|\.)(embed|head)", ("vocab", "embed")),
 )
 

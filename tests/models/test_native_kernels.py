@@ -23,23 +23,39 @@ from flax import nnx
 from specjax.models import backend_profile, native_kernels, transformer, weight_formats
 from specjax.models.quant import BlockQuant
 
-LAYOUTS = {  # name: (values dtype, columns per scale block, offset)
-    "q4+offset": (np.uint8, 32, True),
-    "q4": (np.uint8, 32, False),
-    "int8/16": (np.int8, 16, False),
-    "int8/32+offset": (np.int8, 32, True),
-    "int8/channel": (np.int8, None, False),
+LAYOUTS = {  # name: (values dtype, columns per scale block, offset, K-quant scales)
+    "q4+offset": (np.uint8, 32, True, False),
+    "q4": (np.uint8, 32, False, False),
+    "int8/16": (np.int8, 16, False, False),
+    "int8/32+offset": (np.int8, 32, True, False),
+    "int8/channel": (np.int8, None, False, False),
+    "q4_k": (np.uint8, 32, True, True),  # GGUF Q4_K: a float16 per 256 columns times 0..63 per block
+    "q6_k": (np.int8, 16, False, True),  # GGUF Q6_K: a float16 per 256 columns times -128..127 per block
 }
 
 
+def _k_quant_scales(rng, out: int, width: int, block: int, low: int, high: int) -> np.ndarray:
+    """float32 d · c per block: d a float16 per 256 columns, c an integer in [low, high] (exact products)."""
+    d = rng.uniform(1e-4, 2e-3, (out, -(-width // 256))).astype(np.float16).astype(np.float32)
+    if low < 0:  # Q6_K's d may be negative
+        d *= rng.choice([-1, 1], d.shape)
+    c = rng.integers(low, high + 1, (out, width // block))
+    return (d[:, np.arange(width // block) * block // 256] * c).astype(np.float32)
+
+
 def _matrix(layout: str, out: int, width: int, seed: int = 0) -> BlockQuant:
-    dtype, block, with_offset = LAYOUTS[layout]
+    dtype, block, with_offset, k_quant = LAYOUTS[layout]
     rng = np.random.default_rng(seed)
     nb = 1 if block is None else width // block
     if dtype == np.uint8:
         values = rng.integers(0, 256, (out, width // 2), dtype=np.uint8)
     else:
         values = rng.integers(-128, 128, (out, width), dtype=np.int16).astype(np.int8)
+    if k_quant:
+        low, high = (-128, 127) if dtype == np.int8 else (0, 63)  # Q6_K's int8 scales, Q4_K's 6-bit ones
+        scale = _k_quant_scales(rng, out, width, block, low, high)
+        offset = _k_quant_scales(rng, out, width, block, 0, 63) if with_offset else None
+        return BlockQuant(values, scale, offset)
     scale = rng.uniform(1e-3, 2e-2, (out, nb)).astype(np.float32)
     offset = rng.uniform(-0.1, 0.1, (out, nb)).astype(np.float32) if with_offset else None
     return BlockQuant(values, scale, offset)

@@ -1,5 +1,6 @@
 // What the native kernels share: the split of their work into chunks on XLA's intra-op pool (all three
-// libraries), the float32 matrix aliases, and the two matrix-product kernels' FFI binding and argument checks.
+// libraries), the float32 matrix aliases, the two matrix-product kernels' argument checks and the float32 one's
+// FFI binding (the int8 kernel binds its compact scales' super-scales too).
 #pragma once
 
 #include <immintrin.h>
@@ -65,11 +66,14 @@ struct GemmArgs {
 };
 
 // Reads the arguments into `a`; an error for values that are not such a matrix or scale blocks that are not
-// whole blocks of a multiple of 16 columns (4-bit: the low half of the columns in whole blocks).
-inline xla::ffi::Error ReadArgs(F32Matrix x, xla::ffi::AnyBuffer values, F32Matrix scale, F32Matrix offset,
-                                F32Result y, GemmArgs& a) {
+// whole blocks of a multiple of 16 columns (4-bit: the low half of the columns in whole blocks). Scale and offset
+// are any [out, nb] buffers (float32 here; the int8 kernel also takes int8 sub-scales, and reads their type).
+template <typename Scale, typename Offset>
+inline xla::ffi::Error ReadArgs(F32Matrix x, xla::ffi::AnyBuffer values, Scale scale, Offset offset, F32Result y,
+                                GemmArgs& a) {
   const auto vdims = values.dimensions();
-  if (vdims.size() != 2) return xla::ffi::Error::InvalidArgument("values must be a matrix");
+  if (vdims.size() != 2 || scale.dimensions().size() != 2)
+    return xla::ffi::Error::InvalidArgument("values and scale must be matrices");
   a.q4 = values.element_type() == xla::ffi::DataType::U8;
   if (!a.q4 && values.element_type() != xla::ffi::DataType::S8)
     return xla::ffi::Error::InvalidArgument("values must be uint8 (4-bit pairs) or int8");
@@ -83,15 +87,15 @@ inline xla::ffi::Error ReadArgs(F32Matrix x, xla::ffi::AnyBuffer values, F32Matr
     return xla::ffi::Error::InvalidArgument("shapes the native kernels do not take");
   a.x = x.typed_data();
   a.values = values.untyped_data();
-  a.scale = scale.typed_data();
-  a.offset = offset.element_count() ? offset.typed_data() : nullptr;
+  a.scale = static_cast<const float*>(scale.untyped_data());
+  a.offset = offset.element_count() ? static_cast<const float*>(offset.untyped_data()) : nullptr;
   a.y = y->typed_data();
   return xla::ffi::Error::Success();
 }
 
 }  // namespace specjax
 
-// The FFI binding both kernels export: impl(thread pool, x f32 [m, in], values, scale f32, offset f32) -> y f32.
+// The float32 kernel's FFI binding: impl(thread pool, x f32 [m, in], values, scale f32, offset f32) -> y f32.
 #define SPECJAX_GEMM_HANDLER(symbol, impl)                                                           \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, impl,                                                        \
                                 xla::ffi::Ffi::Bind()                                                \

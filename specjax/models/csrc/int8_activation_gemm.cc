@@ -18,7 +18,11 @@
 // vpdpbusd multiplies unsigned by signed bytes; 128 · Σx8 is subtracted), or 4 bytes of 4-bit pairs
 // whose low nibbles are columns c..c+3 and high nibbles columns in/2 + c..c+3 (BlockQuant's own pairing),
 // so the low and high nibbles of one vector feed two different scale blocks.
-// The scale (offset) of a tile is [nb][16] floats, so one vector load gives 16 output rows' scales.
+// The scale (offset) of a tile is [nb][16] floats, so one vector load gives 16 output rows' scales. Or, where
+// the scales factor exactly (GGUF's K-quants: a float16 per 256 columns times a small integer per block), the
+// compact form: int8 sub-scales [nb][16] and float32 super-scales [nb / group][16]; the kernel forms
+// sub · super, the very float32 the full form stores (the product is exact), so both forms give the same bits
+// and the compact one reads 1 + 4 / group bytes per block and row instead of 4.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -40,8 +44,14 @@ constexpr int kMaxRows = 8;  // rows of x per register tile (2 x 8 of the 32 reg
 constexpr int kMaxRows = 4;  // AVX2 has 16 registers and a lane group takes two
 #endif
 
-// values: tiles of 16 output rows (see above); scale, offset: [out / 16][nb][16].
+// values: tiles of 16 output rows (see above); scale, offset: [out / 16][nb][16] (float32 or, compact, int8
+// with super-scales [out / 16][nb / group][16]).
 struct Problem : specjax::GemmArgs {
+  const int8_t* scale8 = nullptr;  // compact: sub-scales (offset8 too where there are offsets)
+  const int8_t* offset8 = nullptr;
+  const float* scale_super = nullptr;
+  const float* offset_super = nullptr;
+  int64_t group = 1, n_super = 0;
   std::vector<int8_t> x8;     // [m, in]
   std::vector<float> sx;      // [m, nb]
   std::vector<int32_t> xsum;  // [m, nb]
@@ -79,13 +89,36 @@ inline void BlockSums(I16 (&d)[MR], const uint8_t* w, int64_t words, int nibble,
     for (int r = 0; r < MR; ++r) d[r] = DotWords(d[r], w, nibble, xb + r * in + 4 * v);
 }
 
+// One tile's scales (offsets): block b's 16 lanes from the full form, or sub · super from the compact one.
+struct TileScales {
+  const float* full;
+  const int8_t* sub;
+  const float* super;
+  int64_t group;
+
+  template <bool C>
+  F16 At(int64_t b) const {
+    if constexpr (C) return Mul(LoadInt8AsFloat(sub + b * kLanes), Load(super + b / group * kLanes));
+    return Load(full + b * kLanes);
+  }
+};
+
+// Tile g's scales (offsets) in either form.
+TileScales ScalesOf(const Problem& p, int64_t g, bool offsets) {
+  const int64_t at = g * kLanes * p.nb, at_super = g * kLanes * p.n_super;
+  if (offsets) return {p.offset ? p.offset + at : nullptr, p.offset8 ? p.offset8 + at : nullptr,
+                       p.offset_super ? p.offset_super + at_super : nullptr, p.group};
+  return {p.scale ? p.scale + at : nullptr, p.scale8 ? p.scale8 + at : nullptr,
+          p.scale_super ? p.scale_super + at_super : nullptr, p.group};
+}
+
 // acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (VNNI's int8 form Σ (q + 128) x8
 // first loses 128 · Σ x8).
-template <int MR, bool OFF>
+template <int MR, bool OFF, bool C>
 inline void Combine(const Problem& p, F16 (&acc)[MR], const I16 (&d)[MR], int64_t m0, int64_t b,
-                    const float* sc, const float* of) {
-  const F16 s = Load(sc + b * kLanes);
-  const F16 o = OFF ? Load(of + b * kLanes) : s;
+                    const TileScales& sc, const TileScales& of) {
+  const F16 s = sc.At<C>(b);
+  const F16 o = OFF ? of.At<C>(b) : s;
   for (int r = 0; r < MR; ++r) {
     const int64_t at = (m0 + r) * p.nb + b;
     const I16 di = p.q4 || !kInt8Flipped ? d[r] : ISub(d[r], ISet1(128 * p.xsum[at]));
@@ -97,12 +130,11 @@ inline void Combine(const Problem& p, F16 (&acc)[MR], const I16 (&d)[MR], int64_
 
 // MR rows of x (from m0) times the 16 output rows of tile g. Blocks are combined in one fixed order
 // (4-bit: b, b + nb / 2, b + 1, ...; int8: 0, 1, ...), whatever MR is.
-template <int MR, bool OFF>
+template <int MR, bool OFF, bool C>
 void Tile(const Problem& p, int64_t m0, int64_t g) {
   const int64_t B = p.block, nb = p.nb;
   const uint8_t* w = static_cast<const uint8_t*>(p.values) + g * kLanes * (p.q4 ? p.in / 2 : p.in);
-  const float* sc = p.scale + g * kLanes * nb;
-  const float* of = OFF ? p.offset + g * kLanes * nb : nullptr;
+  const TileScales sc = ScalesOf(p, g, false), of = ScalesOf(p, g, true);
   const int8_t* x8 = p.x8.data() + m0 * p.in;
   F16 acc[MR];
   I16 d[MR];
@@ -111,15 +143,15 @@ void Tile(const Problem& p, int64_t m0, int64_t g) {
     const int64_t half = p.in / 2, words = B / 4;  // a block of low (high) nibbles: B bytes per row
     for (int64_t b = 0; b < nb / 2; ++b, w += 64 * words) {
       BlockSums<MR>(d, w, words, 1, x8 + b * B, p.in);
-      Combine<MR, OFF>(p, acc, d, m0, b, sc, of);
+      Combine<MR, OFF, C>(p, acc, d, m0, b, sc, of);
       BlockSums<MR>(d, w, words, 2, x8 + half + b * B, p.in);
-      Combine<MR, OFF>(p, acc, d, m0, b + nb / 2, sc, of);
+      Combine<MR, OFF, C>(p, acc, d, m0, b + nb / 2, sc, of);
     }
   } else {
     const int64_t words = B / 4;
     for (int64_t b = 0; b < nb; ++b, w += 64 * words) {
       BlockSums<MR>(d, w, words, 0, x8 + b * B, p.in);
-      Combine<MR, OFF>(p, acc, d, m0, b, sc, of);
+      Combine<MR, OFF, C>(p, acc, d, m0, b, sc, of);
     }
   }
   for (int r = 0; r < MR; ++r) Store(p.y + (m0 + r) * p.out + g * kLanes, acc[r]);
@@ -127,7 +159,12 @@ void Tile(const Problem& p, int64_t m0, int64_t g) {
 
 template <int MR>
 void TileAny(const Problem& p, int64_t m0, int64_t g) {
-  p.offset ? Tile<MR, true>(p, m0, g) : Tile<MR, false>(p, m0, g);
+  const bool off = p.offset || p.offset8;
+  if (p.scale8) {
+    off ? Tile<MR, true, true>(p, m0, g) : Tile<MR, false, true>(p, m0, g);
+  } else {
+    off ? Tile<MR, true, false>(p, m0, g) : Tile<MR, false, false>(p, m0, g);
+  }
 }
 
 // Rows m0.. of x (at most kMaxRows) times tile g.
@@ -156,11 +193,36 @@ void Chunk(const Problem& p, int64_t g0, int64_t g1) {
   }
 }
 
-ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer values, specjax::F32Matrix scale,
-                specjax::F32Matrix offset, specjax::F32Result y) {
+// The compact form's arrays (int8 sub-scales with float32 super-scales [out, nb / group]) into p, checked.
+ffi::Error ReadCompact(Problem& p, ffi::AnyBuffer scale, specjax::F32Matrix scale_super, ffi::AnyBuffer offset,
+                       specjax::F32Matrix offset_super) {
+  const bool compact = scale.element_type() == ffi::DataType::S8;
+  if (!compact && scale.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("scale must be float32 or int8 sub-scales");
+  if ((offset.element_count() && offset.element_type() != scale.element_type()) ||
+      compact != (scale_super.element_count() > 0) || (offset_super.element_count() > 0) != (compact && p.offset))
+    return ffi::Error::InvalidArgument("scale, offset and their super-scales must take one form");
+  if (!compact) return ffi::Error::Success();
+  p.n_super = scale_super.dimensions()[1];
+  if (p.n_super == 0 || p.nb % p.n_super != 0 || scale_super.dimensions()[0] != p.out ||
+      (p.offset && (offset_super.dimensions()[0] != p.out || offset_super.dimensions()[1] != p.n_super)))
+    return ffi::Error::InvalidArgument("super-scales must be [out, nb / group]");
+  p.group = p.nb / p.n_super;
+  p.scale8 = reinterpret_cast<const int8_t*>(p.scale);
+  p.offset8 = reinterpret_cast<const int8_t*>(p.offset);
+  p.scale = p.offset = nullptr;
+  p.scale_super = scale_super.typed_data();
+  p.offset_super = p.offset8 ? offset_super.typed_data() : nullptr;
+  return ffi::Error::Success();
+}
+
+ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
+                specjax::F32Matrix scale_super, ffi::AnyBuffer offset, specjax::F32Matrix offset_super,
+                specjax::F32Result y) {
   auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
   Problem& p = work->problem;
   if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;
+  if (auto err = ReadCompact(p, scale, scale_super, offset, offset_super); err.failure()) return err;
   if (p.out % kLanes != 0 || p.block > 64 || (p.q4 && p.nb % 2 != 0))
     return ffi::Error::InvalidArgument("shapes the int8 activation kernel does not take");
   if (p.m == 0) return ffi::Error::Success();
@@ -175,4 +237,13 @@ ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer value
 
 }  // namespace
 
-SPECJAX_GEMM_HANDLER(SpecjaxInt8ActivationGemm, Gemm)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxInt8ActivationGemm, Gemm,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<specjax::F32Matrix>()  // x
+                                  .Arg<ffi::AnyBuffer>()      // values
+                                  .Arg<ffi::AnyBuffer>()      // scale: float32, or int8 sub-scales
+                                  .Arg<specjax::F32Matrix>()  // scale super-scales (compact), else [out, 0]
+                                  .Arg<ffi::AnyBuffer>()      // offset (as scale), or empty
+                                  .Arg<specjax::F32Matrix>()  // offset super-scales (compact), else [out, 0]
+                                  .Ret<specjax::F32Matrix>());

@@ -72,6 +72,9 @@ inline I16 IAdd(I16 a, I16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline I16 ToInt(F16 a) { return {_mm512_cvtps_epi32(a.v)}; }  // round to nearest even (MXCSR's default)
 inline F16 ToFloat(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline int32_t IReduceAdd(I16 a) { return _mm512_reduce_add_epi32(a.v); }
+inline F16 LoadInt8AsFloat(const int8_t* p) {  // 16 int8 values, exactly, as float32
+  return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
 inline void StoreInt8(int8_t* p, I16 a) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(a.v)); }
 
 // Whether `DotWords` on int8 weights sums (q + 128)·x (the caller subtracts 128·Σx) rather than q·x.
@@ -154,6 +157,12 @@ inline int32_t IReduceAdd(I16 a) {
   alignas(32) int32_t l[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(l), _mm256_add_epi32(a.lo, a.hi));
   return l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];  // integers: any order
+}
+inline F16 LoadInt8AsFloat(const int8_t* p) {
+  const auto eight = [](const int8_t* q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  };
+  return {eight(p), eight(p + 8)};
 }
 inline void StoreInt8(int8_t* p, I16 a) {  // saturating, like _mm512_cvtsepi32_epi8
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);

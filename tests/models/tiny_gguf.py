@@ -80,11 +80,17 @@ def random_blocks(qtype, rows: int, cols: int, rng, scale: float) -> np.ndarray:
         return gguf.quants.quantize(rng.normal(0, scale, (rows, cols)).astype(np.float32), Q.Q8_0)
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     f16 = lambda v: np.frombuffer(np.float16(v).tobytes(), np.uint8)
+    # As llama.cpp quantizes, each block's largest scale (and min) integer is the format's extreme: 63 for Q4_K,
+    # -128 for Q6_K (specjax's int8 kernel keeps such scales compact, tile_layout.factor_blocks).
     if qtype == Q.Q4_K:  # d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         raw[..., 0:2] = f16(2 * scale / (63 * 15))
         raw[..., 2:4] = f16(scale / 63)
+        raw[..., 4] |= 0x3F  # sub-block 0's scale: 63
+        raw[..., 8] |= 0x3F  # and its min
     elif qtype == Q.Q6_K:  # 128 + 64 bytes of 6-bit values, 16 int8 scales, d (f16)
-        raw[..., 192:208] = rng.integers(-64, 64, (rows, cols // block, 16)).astype(np.int8).view(np.uint8)
+        scales = rng.integers(-64, 64, (rows, cols // block, 16)).astype(np.int8)
+        scales[..., 0] = -128
+        raw[..., 192:208] = scales.view(np.uint8)
         raw[..., 208:210] = f16(scale / (64 * 32))
     else:
         raise ValueError(qtype)

@@ -34,18 +34,11 @@ from specjax.models.config import ConfigError
 from specjax.models.layers import RMSNorm
 from specjax.models.quant import BlockQuant, QuantBuffer, _get
 from specjax.models.reductions import argmax
-from specjax.models.tile_layout import (
-    LANES,
-    factor_blocks,
-    kernel_block,
-    tile_arrays,
-    untile_blocks,
-    untile_values,
-)
+from specjax.models.tile_layout import LANES, kernel_block, tile_arrays, untile_blocks, untile_values
 from specjax.models.transformer import Attention
 
-__all__ = ["ACTIVATION_CHOICES", "TiledBlockQuant", "check", "factor_blocks", "fixed_order_reductions", "resolve",
-           "tile_arrays", "tile_model", "tileable"]
+__all__ = ["ACTIVATION_CHOICES", "TiledBlockQuant", "check", "fixed_order_reductions", "resolve", "tile_model",
+           "tileable"]
 
 ACTIVATION_CHOICES = ("auto", "float32", "int8")
 
@@ -85,13 +78,11 @@ class TiledBlockQuant(BlockQuant):
     """
 
     tiled = True
-    _EXTRA = ("scale_super", "offset_super")
 
     def __init__(self, values, scale, offset=None, scale_super=None, offset_super=None):
         as_buffer = lambda a: None if a is None else QuantBuffer(jnp.asarray(a))
         self.values, self.scale, self.offset = as_buffer(values), as_buffer(scale), as_buffer(offset)
-        for name, a in zip(self._EXTRA, (scale_super, offset_super), strict=True):
-            setattr(self, name, as_buffer(a))
+        self.scale_super, self.offset_super = as_buffer(scale_super), as_buffer(offset_super)
 
     @classmethod
     def from_block_quant(cls, packed: BlockQuant, compact: bool = True) -> TiledBlockQuant:
@@ -103,7 +94,7 @@ class TiledBlockQuant(BlockQuant):
         return self.scale_super is not None
 
     def _parts(self) -> tuple:
-        return tuple(_get(a) for a in (self.values, self.scale, self.offset, *(getattr(self, n) for n in self._EXTRA)))
+        return tuple(_get(a) for a in (self.values, self.scale, self.offset, self.scale_super, self.offset_super))
 
     def _row_major(self, values, scale, offset, scale_super=None, offset_super=None) -> BlockQuant:
         off = None if offset is None else untile_blocks(offset, offset_super)

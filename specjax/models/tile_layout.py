@@ -103,36 +103,43 @@ def _tiles(values: jax.Array, scale: jax.Array, offset: jax.Array | None, block:
     return full, compact, ok
 
 
-@jax.jit
+def _swap_tiles(a: jax.Array, to_tiles: bool) -> jax.Array:
+    """[out, n] in rows ↔ in tiles: within each group of 16 rows the [16, n] block transposed to [n, 16]
+    (to_tiles) or back (jnp: works in-graph)."""
+    out, n = a.shape
+    inner = (LANES, n) if to_tiles else (n, LANES)
+    return a.reshape(out // LANES, *inner).transpose(0, 2, 1).reshape(out, n)
+
+
+def _swap_words(values: jax.Array, to_tiles: bool) -> jax.Array:
+    """`_swap_tiles` on 4-byte words of int8 / uint8 values [out, bytes] (same shape and dtype)."""
+    out, nbytes = values.shape
+    words = jax.lax.bitcast_convert_type(values.reshape(out, nbytes // 4, 4), jnp.uint32)
+    return jax.lax.bitcast_convert_type(_swap_tiles(words, to_tiles), values.dtype).reshape(out, nbytes)
+
+
 def word_tiles(values: jax.Array) -> jax.Array:
     """Row-major [out, bytes] → tiles of 16 rows whose 4-byte words alternate (same shape and dtype)."""
-    out, nbytes = values.shape
-    words = jax.lax.bitcast_convert_type(values.reshape(out // LANES, LANES, nbytes // 4, 4), jnp.uint32)
-    return jax.lax.bitcast_convert_type(words.transpose(0, 2, 1), values.dtype).reshape(out, nbytes)
+    return _swap_words(values, True)
 
 
 def untile_values(tiled: jax.Array) -> jax.Array:
-    """Whole tiles of a tiled matrix back to BlockQuant's row-major values (jnp: works in-graph)."""
-    out, nbytes = tiled.shape
-    words = jax.lax.bitcast_convert_type(tiled.reshape(out // LANES, nbytes // 4, LANES, 4), jnp.uint32)
-    rows = jax.lax.bitcast_convert_type(words.transpose(0, 2, 1), tiled.dtype)  # [g, 16, words, 4]
-    return rows.reshape(out, nbytes)
+    """Whole tiles of a tiled matrix back to BlockQuant's row-major values."""
+    return _swap_words(tiled, False)
 
 
 def per_tile(a: jax.Array) -> jax.Array:
     """Row-major [out, n] → the tiles' [out / 16][n][16] (as [out, n])."""
-    out, n = a.shape
-    return a.reshape(out // LANES, LANES, n).transpose(0, 2, 1).reshape(out, n)
+    return _swap_tiles(a, True)
 
 
 def untile_blocks(a: jax.Array, sup: jax.Array | None = None) -> jax.Array:
     """A tiled [out, nb] scale (offset) back to row-major float32; compact: sub-scales times their tiled
     super-scales `sup` (exact: the float32 the full form holds)."""
-    out, nb = a.shape
-    rows = lambda t: t.reshape(out // LANES, t.shape[1], LANES).transpose(0, 2, 1).reshape(out, t.shape[1])
+    rows = _swap_tiles(a, False)
     if sup is None:
-        return rows(a)
-    return rows(a).astype(jnp.float32) * jnp.repeat(rows(sup), nb // sup.shape[1], axis=1)
+        return rows
+    return rows.astype(jnp.float32) * jnp.repeat(_swap_tiles(sup, False), a.shape[1] // sup.shape[1], axis=1)
 
 
 def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, compact: bool = True

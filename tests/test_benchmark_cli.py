@@ -23,6 +23,8 @@ ROUNDS_LIMITS = "error: --k must be ≥ 1, --tokens ≥ 2 and --reps ≥ 2 (the 
     ("plain_rounds.py", ["--reps", "1"], ROUNDS_LIMITS),
     ("eagle_depth_acc.py", ["/nonexistent/run"], "error: no saved best checkpoint under /nonexistent/run"),
     ("eagle_depth_acc.py", ["/nonexistent/run", "--depth", "0"], "error: --depth must be in [1, 16]"),
+    ("cli_start.py", ["--reps", "0"], "error: --reps and --new-tokens must be ≥ 1, --lcpp ≥ 0"),
+    ("cli_start.py", ["--trees", "/nonexistent"], "error: --trees: /nonexistent is not a specjax source tree"),
 ])
 def test_bad_options_are_one_error_line(script, args, message):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
@@ -74,3 +76,14 @@ def test_accelerator_benchmark_runs_every_setup_on_a_random_copy(tmp_path):
         if row["setup"] != "plain":
             assert row["same"] is True and row["first_diff"] == [None] * row["batch"], row
     assert "| tiny | 0 | 2 | eagle3:4 |" in r.stdout
+
+
+@pytest.mark.slow
+def test_cli_start_benchmark_times_the_default_model(tmp_path):
+    """One repetition on the embedded model: every phase is timed, in order."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cli_start.py"), "--reps", "1", "--new-tokens",
+                        "2"], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    (row,) = [line for line in r.stdout.splitlines() if line.startswith("| gemma3-270m |")]
+    first, ready, answer, end = map(float, row.strip(" |").split(" | ")[2:])
+    assert 0 < first <= ready <= answer <= end

@@ -36,6 +36,7 @@ from specjax.models.quant import BlockQuant, QuantBuffer, _get
 from specjax.models.reductions import argmax
 from specjax.models.tile_layout import LANES, kernel_block, tile_arrays, untile_blocks, untile_values
 from specjax.models.transformer import Attention
+from specjax.models.weight_formats import attach_packed
 
 __all__ = ["ACTIVATION_CHOICES", "TiledBlockQuant", "check", "fixed_order_reductions", "resolve", "tile_model",
            "tileable"]
@@ -96,6 +97,11 @@ class TiledBlockQuant(BlockQuant):
     def _parts(self) -> tuple:
         return tuple(_get(a) for a in (self.values, self.scale, self.offset, self.scale_super, self.offset_super))
 
+    def arrays(self) -> dict[str, jax.Array]:
+        """The stored arrays by constructor argument name (what `TiledBlockQuant(**arrays)` takes back)."""
+        names = ("values", "scale", "offset", "scale_super", "offset_super")
+        return {k: a for k, a in zip(names, self._parts(), strict=True) if a is not None}
+
     def _row_major(self, values, scale, offset, scale_super=None, offset_super=None) -> BlockQuant:
         off = None if offset is None else untile_blocks(offset, offset_super)
         return BlockQuant(untile_values(values), untile_blocks(scale, scale_super), off)
@@ -139,27 +145,29 @@ def tileable(packed: BlockQuant) -> bool:
     return packed.scale is not None and kernel_block(out, width, packed.n_blocks, q4) is not None
 
 
-def tile_model(model, compact: bool = True) -> int:
+def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     """Re-lays the packed matrices of `model` (linear maps, embedding, head) for the int8 activation kernel,
-    in place, and returns how many it took. A matrix it cannot take (bfloat16, rows not a multiple of 16)
-    stays as it is, multiplied with float32 activations; a tied embedding and head stay one object.
+    in place, and returns how many are laid out for it (including any that already were: a model loaded from
+    the tiled cache). A matrix it cannot take (bfloat16, rows not a multiple of 16) stays as it is, multiplied
+    with float32 activations; a tied embedding and head stay one object.
     `compact`: scales that factor exactly (GGUF K-quants) as int8 sub-scales (`tile_layout`); False keeps
-    every scale float32 (the same products, more bytes: for comparisons)."""
-    from specjax.models.weight_formats import iter_linears
+    every scale float32 (the same products, more bytes: for comparisons). `progress` hears one line when
+    there is work to do."""
+    from specjax.models.weight_formats import packed_matrices
 
     done: dict[int, BlockQuant] = {}
 
     def tiled(packed):
-        if packed is None or isinstance(packed, TiledBlockQuant) or not tileable(packed):
+        if packed is None or not (isinstance(packed, TiledBlockQuant) or tileable(packed)):
             return packed
         if id(packed) not in done:
-            done[id(packed)] = TiledBlockQuant.from_block_quant(packed, compact)
+            if not done and not isinstance(packed, TiledBlockQuant):
+                progress("laying out matrices for int8 activations")
+            done[id(packed)] = packed if isinstance(packed, TiledBlockQuant) else (
+                TiledBlockQuant.from_block_quant(packed, compact))
         return done[id(packed)]
 
-    for _, lin in iter_linears(model):
-        lin.packed = tiled(lin.packed)
-    model.embed_packed = tiled(model.embed_packed)
-    model.head_quant = tiled(model.head_quant)
+    attach_packed(model, {name: tiled(packed) for name, packed in packed_matrices(model).items()})
     if done:
         fixed_order_reductions(model)
     return len(done)

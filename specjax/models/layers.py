@@ -11,7 +11,11 @@ from specjax.models.backend_profile import one_row_product
 from specjax.models.weight_formats import packed_product
 
 
-def _init(rngs: nnx.Rngs, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+def _init(rngs: nnx.Rngs | None, shape: tuple[int, ...], fan_in: int, dtype) -> jax.Array:
+    """Normal(0, 1 / fan_in) weights; zeros without `rngs` (a loader fills them: no key is drawn, which under
+    `nnx.eval_shape` saves ~2 ms a matrix — drawing one updates the rng counter through a traced set_value)."""
+    if rngs is None:
+        return jnp.zeros(shape, dtype)
     return (jax.random.normal(rngs.params(), shape, jnp.float32) / jnp.sqrt(fan_in)).astype(dtype)
 
 
@@ -43,7 +47,7 @@ class Linear(nnx.Module):
     the product is then weight_formats.packed_product (the backend's way to dequantize).
     """
 
-    def __init__(self, d_in: int, d_out: int, dtype, rngs: nnx.Rngs, bias: bool = False):
+    def __init__(self, d_in: int, d_out: int, dtype, rngs: nnx.Rngs | None, bias: bool = False):
         self.w = nnx.Param(_init(rngs, (d_in, d_out), d_in, dtype))
         self.b = nnx.Param(jnp.zeros((d_out,), dtype)) if bias else None
         self.packed = nnx.data(None)
@@ -57,7 +61,7 @@ class Linear(nnx.Module):
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) * up(x)): GeGLU (tanh GELU) for Gemma, SwiGLU for Llama/Qwen2."""
 
-    def __init__(self, d_model: int, ffn_dim: int, activation: str, dtype, rngs: nnx.Rngs):
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, dtype, rngs: nnx.Rngs | None):
         self.gate = Linear(d_model, ffn_dim, dtype, rngs)
         self.up = Linear(d_model, ffn_dim, dtype, rngs)
         self.down = Linear(ffn_dim, d_model, dtype, rngs)

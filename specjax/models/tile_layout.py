@@ -26,6 +26,10 @@ import jax.numpy as jnp
 
 from specjax.models.config import ConfigError
 
+# Saved with the tiled arrays of a model (packed_cache.tiled_file): change it with any change of what
+# `tile_arrays` produces, so no start reads a layout the kernel no longer expects.
+LAYOUT_VERSION = "1"
+
 LANES = 16  # output rows per tile (one int32 lane of csrc/simd16.h's vectors each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
 SUPER_COLUMNS = 256  # columns per super-scale in the compact form (GGUF's K-quant super-blocks)

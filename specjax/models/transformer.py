@@ -28,7 +28,7 @@ _NEG_INF = -2.3819763e38  # finite, so fully masked rows give uniform (unused) w
 class Attention(nnx.Module):
     """Grouped-query attention with optional QK-norm, reading and writing a KV cache."""
 
-    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs | None):
         d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q = Linear(d, n * h, dtype, rngs, bias=cfg.qkv_bias)
         self.k = Linear(d, k * h, dtype, rngs, bias=cfg.qkv_bias)
@@ -120,7 +120,7 @@ def _split_attention(q_btkgh, kv, k_btkh, v_btkh, mask_bts, start_b):
 class Block(nnx.Module):
     """Pre-norm attention and MLP, with Gemma's extra post-norms when configured."""
 
-    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, kind: str, dtype, rngs: nnx.Rngs | None):
         self.kind = kind
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype)
         self.attn = Attention(cfg, kind, dtype, rngs)
@@ -147,7 +147,7 @@ class Transformer(nnx.Module):
     the vocabulary, so callers pay the 262k-wide head only for the rows they need.
     """
 
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None):
         self.cfg = cfg
         self.dtype = dtype
         self.embed = nnx.Param(_init(rngs, (cfg.vocab_size, cfg.d_model), cfg.d_model, dtype))

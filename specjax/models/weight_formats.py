@@ -194,6 +194,16 @@ def attach_packed(model, packed: dict[str, BlockQuant]) -> None:
         model.head_quant = packed["head"]
 
 
+def packed_matrices(model) -> dict[str, BlockQuant]:
+    """The inverse of `attach_packed`: the model's packed matrices by params.py name (a tied head is "embed")."""
+    out = {name: lin.packed for name, lin in iter_linears(model) if lin.packed is not None}
+    if model.embed_packed is not None:
+        out["embed"] = model.embed_packed
+    if model.head_quant is not None and model.head_quant is not model.embed_packed:
+        out["head"] = model.head_quant
+    return out
+
+
 def pack_model(model, fmt: str) -> None:
     """Converts a float model's matrices to `fmt` in place (HF directories, tests; GGUF files
     convert per tensor from the file instead: packed_cache.py)."""

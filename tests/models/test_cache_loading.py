@@ -204,3 +204,24 @@ def test_damaged_embedded_gguf_is_reassembled(cache, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"warning: the cached embedded GGUF at {path} is unusable: its SHA-256 is ")
     assert err.count("\n") == 1 and loading.hash_file(path) == EXPECTED_SHA256
+
+
+def test_safetensors_written_one_array_at_a_time_read_back_by_both_readers(tmp_path):
+    """`write_safetensors` (what the int8 layout cache uses) writes a file safetensors itself reads, and
+    `read_safetensors` maps it back: every dtype it names, empty and zero-dimensional arrays, jax arrays."""
+    from safetensors.numpy import load_file
+
+    rng = np.random.default_rng(0)
+    arrays = {"a:values": rng.integers(0, 255, (48, 7), dtype=np.uint8), "a:scale": rng.integers(-128, 127, (3, 5),
+              dtype=np.int8), "f": rng.standard_normal((5, 3)).astype(np.float32), "h": np.ones(3, np.float16),
+              "i": np.arange(6, dtype=np.int32).reshape(2, 3), "empty": np.zeros((4, 0), np.float32),
+              "b": np.array([True, False]), "scalar": np.float32(2.5) * np.ones((), np.float32),
+              "j": jnp.arange(10, dtype=jnp.float32)}
+    path = tmp_path / "x.safetensors"
+    loading.write_safetensors(arrays, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]  # the temporary file is gone
+    for got in (load_file(str(path)), loading.read_safetensors(path)):
+        assert got.keys() == arrays.keys()
+        for k, a in arrays.items():
+            assert got[k].dtype == np.asarray(a).dtype and got[k].shape == np.asarray(a).shape, k
+            np.testing.assert_array_equal(got[k], np.asarray(a))

@@ -180,25 +180,46 @@ def load_packed_gguf(path: Path, sha256: str, fmt: str, dtype, progress: Callabl
                      tiled: bool = False):
     """(model, tokenizer) of a GGUF in weight format `fmt`, converting into the cache on first use.
 
-    `tiled`: the matrices the int8 activation kernel takes come laid out for it (compact scales; cached)."""
-    from specjax.models.loading import cache_root, config_from_json
-    from specjax.models.tokenizer import Tokenizer
+    `tiled`: the matrices the int8 activation kernel takes come laid out for it (compact scales; cached).
+    A cached folder that cannot be read (a truncated file, a damaged header) is converted again after one
+    warning line; unreadable twice is a ModelFileError. (No checksum: it would cost ~1 s of every Qwen start.)
+    """
+    from safetensors import SafetensorError
+
+    from specjax.models.artifacts import warn
+    from specjax.models.loading import ModelFileError, cache_root, config_from_json
+    from specjax.models.params import WeightsError
+    from specjax.models.tokenizer import Tokenizer, TokenizerError
 
     target = cache_root() / f"gguf-packed-{PACKED_VERSION}-{sha256[:32]}-{fmt}"
-    if not (target / "config.json").is_file():
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    for attempt in (1, 2):
+        if not (target / "config.json").is_file():
+            _convert_into(path, fmt, target, progress)
         try:
-            convert(path, fmt, tmp, progress)
-            if not (target / "config.json").is_file():  # another process may have finished first
-                shutil.rmtree(target, ignore_errors=True)
-                tmp.replace(target)  # atomic: a half-written folder is never picked up
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    cfg = config_from_json((target / "config.json").read_text())
-    progress(f"loading cached weights ({fmt})")
-    return _packed_model(cfg, target, dtype, str(path), tiled, progress), Tokenizer.load(target / "tokenizer")
+            cfg = config_from_json((target / "config.json").read_text())
+            progress(f"loading cached weights ({fmt})")
+            return _packed_model(cfg, target, dtype, str(path), tiled, progress), Tokenizer.load(target / "tokenizer")
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError) as e:
+            if attempt == 2:
+                raise ModelFileError(f"the converted model at {target} is unreadable ({e}); delete that folder "
+                                     "and run again") from None
+            warn(f"the cached weights at {target} are unreadable ({type(e).__name__}: {e}); converting again")
+            shutil.rmtree(target, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _convert_into(path: Path, fmt: str, target: Path, progress) -> None:
+    """Converts into a temporary folder renamed to `target` (a half-written folder is never picked up)."""
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        convert(path, fmt, tmp, progress)
+        if not (target / "config.json").is_file():  # another process may have finished first
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.replace(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: bool, progress):

@@ -36,6 +36,35 @@ def test_cached_conversion_equals_the_first_and_the_float_model_packed(fmt, tmp_
     assert again.embed is None and again.embed_packed is not None
 
 
+
+@pytest.mark.parametrize("damage", ["weights", "tokenizer"])
+def test_an_unreadable_cached_conversion_is_converted_again_once(damage, tmp_path, monkeypatch, capsys):
+    """A truncated weights file or a broken tokenizer in the packed folder: one warning line, the folder
+    converted again, the same model; unreadable again after that: one ModelFileError, no traceback."""
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "tiny.gguf", tensors=gguf_tensors(tiny_weights()))
+    first, _ = loading.load_gguf(path, weights="q4")
+    (folder,) = (tmp_path / "cache").glob("gguf-packed-*-q4")
+    broken = folder / "weights.safetensors" if damage == "weights" else next((folder / "tokenizer").glob("*.json"))
+    broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])
+    capsys.readouterr()
+    said: list[str] = []
+    again, _ = loading.load_gguf(path, progress=said.append, weights="q4")
+    err = capsys.readouterr().err
+    assert err.count("warning: the cached weights at") == 1 and "converting again" in err, err
+    assert any("first use only" in s for s in said)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 200, (2, 8)), jnp.int32)
+    np.testing.assert_array_equal(full_logits(again, tokens), full_logits(first, tokens))
+
+    def convert_badly(gguf, fmt, folder, progress):
+        (folder / "config.json").write_text("not json")
+
+    monkeypatch.setattr("specjax.models.packed_cache.convert", convert_badly)
+    (folder / "config.json").write_text("{")
+    with pytest.raises(loading.ModelFileError, match="is unreadable .*delete that folder"):
+        loading.load_gguf(path, weights="q4")
+
+
 # ---------------------------------------------------------------------------------- real models (slow)
 PROMPTS = [
     "The theory of general relativity, published by Albert Einstein in 1915, explains gravity as",

@@ -21,7 +21,7 @@ quantized to int8 per row and block, the block sums are integer dot products (vp
 out in tiles of 16 output rows. A third library, ``csrc/fixed_order.cc``, holds attention and RMS norm with
 every sum in one fixed order (the same result for a row in a one-token step, a verification block or a
 prefill), which int8 activations need for greedy speculative decoding to keep plain decoding's tokens. These
-two are written on ``csrc/simd16.h``'s 16 lanes: AVX-512 (F, BW, VNNI) where the CPU has it, else AVX2 + FMA,
+two are written on ``csrc/simd16.h``'s 16 lanes: AVX-512 (F, BW, VNNI) where the CPU has it, else AVX2 + FMA (+ F16C),
 with the same bits either way (``SPECJAX_NATIVE_ISA=avx2`` builds the AVX2 form on an AVX-512 machine). All are
 built the same way; ``kind`` ("float32", "int8", "attention" or "rms_norm") names which kernel.
 """
@@ -56,7 +56,7 @@ KERNELS = {"float32": ("block_quant_gemm", "SpecjaxBlockQuantGemm"),
            "rms_norm": ("fixed_order", "SpecjaxFixedOrderRmsNorm")}
 # The kernels `activations=int8` runs on (AVX2 + FMA or AVX-512 VNNI); the float32 one needs AVX-512.
 INT8_PATH = ("int8", "attention", "rms_norm")
-_CPU_NEEDS = {"float32": ("avx512f", "avx512bw")}  # /proc/cpuinfo flags; the others: AVX2 and FMA
+_CPU_NEEDS = {"float32": ("avx512f", "avx512bw")}  # /proc/cpuinfo flags; the others: AVX2, FMA and F16C
 SOURCE = Path(__file__).with_name("csrc") / "block_quant_gemm.cc"
 # No FMA contraction: w = q·s − b must round twice, as the XLA path does (bit-identical weights).
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -99,7 +99,7 @@ def _flags() -> tuple[str, ...]:
 def _cpu_lacks(kind: str) -> str | None:
     """Why this CPU cannot run kernel `kind`, known without compiling (None: the build decides). An AVX2 CPU
     would otherwise compile the AVX-512-only float32 kernel, and fail, at every start."""
-    needs = _CPU_NEEDS.get(kind, ("avx2", "fma"))
+    needs = _CPU_NEEDS.get(kind, ("avx2", "fma", "f16c"))
     if "avx512f" in needs and _isa() == "avx2":
         return f"{ISA_ENV}=avx2 builds no AVX-512 code, and the {kind} kernel is AVX-512 only"
     listed = _cpuinfo_flags()

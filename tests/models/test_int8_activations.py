@@ -193,6 +193,32 @@ def test_k_quant_scales_are_kept_compact_with_the_full_forms_bits(layout, rows):
 
 
 @needs_kernel
+@pytest.mark.parametrize("layout", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("rows", [1, 9])
+def test_float16_scales_are_kept_as_float16_with_the_full_forms_bits(layout, rows):
+    """Scales (and offsets) that are each a float16 and share no factor (Q8_0, Q4_1) are stored as float16: the
+    same products, dequantization and lookups as the float32 form, bit for bit, in half the scale bytes. Scales
+    that are not all float16 stay float32."""
+    packed = _matrix(layout, 48, 512, seed=rows)
+    half, full = TiledBlockQuant.from_block_quant(packed), TiledBlockQuant.from_block_quant(packed, compact=False)
+    assert not half.compact and half.scale.dtype == jnp.float16 and full.scale.dtype == jnp.float32
+    assert (half.offset is None) == (packed.offset is None)
+    assert half.offset is None or half.offset.dtype == jnp.float16
+    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(half, x)),
+                                  np.asarray(native_kernels.block_quant_product(full, x)))
+    np.testing.assert_array_equal(np.asarray(half.dequantized()), np.asarray(packed.dequantized()))
+    ids = jnp.array([0, 47, 16, 31])
+    np.testing.assert_array_equal(np.asarray(jax.jit(half.rows)(ids)), np.asarray(packed.rows(ids)))
+    off_by_one = BlockQuant(packed.values[...], packed.scale[...].at[3, 2].multiply(1 + 2**-20), _get_offset(packed))
+    assert TiledBlockQuant.from_block_quant(off_by_one).scale.dtype == jnp.float32
+
+
+def _get_offset(packed):
+    return None if packed.offset is None else packed.offset[...]
+
+
+@needs_kernel
 def test_a_k_quant_gguf_loads_compact_and_decodes_as_the_full_form(tmp_path, monkeypatch):
     """The tiny qwen2 file holds real Q4_K / Q6_K blocks (and Q8_0): every K-quant matrix is tiled compact, and
     the logits equal those of the same model tiled with float32 scales."""

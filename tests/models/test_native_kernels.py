@@ -31,6 +31,8 @@ LAYOUTS = {  # name: (values dtype, columns per scale block, offset, K-quant sca
     "int8/channel": (np.int8, None, False, False),
     "q4_k": (np.uint8, 32, True, True),  # GGUF Q4_K: a float16 per 256 columns times 0..63 per block
     "q6_k": (np.int8, 16, False, True),  # GGUF Q6_K: -32..31, a float16 per 256 columns times -128..127 per block
+    "q8_0": (np.int8, 32, False, "f16"),  # GGUF Q8_0 / Q5_0: a float16 scale per 32 columns
+    "q4_1": (np.uint8, 32, True, "f16"),  # GGUF Q4_1: float16 scale and min per 32 columns
 }
 
 
@@ -52,17 +54,19 @@ def _matrix(layout: str, out: int, width: int, seed: int = 0) -> BlockQuant:
     nb = 1 if block is None else width // block
     if dtype == np.uint8:
         values = rng.integers(0, 256, (out, width // 2), dtype=np.uint8)
-    elif k_quant:  # Q6_K: 6-bit integers
+    elif k_quant is True:  # Q6_K: 6-bit integers
         values = rng.integers(-32, 32, (out, width), dtype=np.int8)
     else:
         values = rng.integers(-128, 128, (out, width), dtype=np.int16).astype(np.int8)
-    if k_quant:
+    if k_quant is True:
         low, high = (-128, 127) if dtype == np.int8 else (0, 63)  # Q6_K's int8 scales, Q4_K's 6-bit ones
         scale = _k_quant_scales(rng, out, width, block, low, high)
         offset = _k_quant_scales(rng, out, width, block, 0, 63) if with_offset else None
         return BlockQuant(values, scale, offset)
     scale = rng.uniform(1e-3, 2e-2, (out, nb)).astype(np.float32)
     offset = rng.uniform(-0.1, 0.1, (out, nb)).astype(np.float32) if with_offset else None
+    if k_quant == "f16":  # each one a float16, as GGUF stores them
+        scale, offset = (None if a is None else a.astype(np.float16).astype(np.float32) for a in (scale, offset))
     return BlockQuant(values, scale, offset)
 
 

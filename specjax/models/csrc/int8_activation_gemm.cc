@@ -22,7 +22,8 @@
 // the scales factor exactly (GGUF's K-quants: a float16 per 256 columns times a small integer per block), the
 // compact form: int8 sub-scales [nb][16] and float32 super-scales [nb / group][16]; the kernel forms
 // sub · super, the very float32 the full form stores (the product is exact), so both forms give the same bits
-// and the compact one reads 1 + 4 / group bytes per block and row instead of 4.
+// and the compact one reads 1 + 4 / group bytes per block and row instead of 4. Or, where each scale is a
+// float16 (Q8_0, Q5_0: no shared factor), float16 scales [nb][16], widened exactly: 2 bytes instead of 4.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -49,6 +50,8 @@ constexpr int kMaxRows = 4;  // AVX2 has 16 registers and a lane group takes two
 struct Problem : specjax::GemmArgs {
   const int8_t* scale8 = nullptr;  // compact: sub-scales (offset8 too where there are offsets)
   const int8_t* offset8 = nullptr;
+  const uint16_t* scale16 = nullptr;  // float16 scales (offsets)
+  const uint16_t* offset16 = nullptr;
   const float* scale_super = nullptr;
   const float* offset_super = nullptr;
   int64_t group = 1, n_super = 0;
@@ -89,36 +92,43 @@ inline void BlockSums(I16 (&d)[MR], const uint8_t* w, int64_t words, int nibble,
     for (int r = 0; r < MR; ++r) d[r] = DotWords(d[r], w, nibble, xb + r * in + 4 * v);
 }
 
-// One tile's scales (offsets): block b's 16 lanes from the full form, or sub · super from the compact one.
+// How a matrix stores its scales (offsets): float32, compact (int8 sub-scales times float32 super-scales) or
+// float16.
+enum Form { kFull, kCompact, kHalf };
+
+// One tile's scales (offsets): block b's 16 lanes in the matrix's form.
 struct TileScales {
   const float* full;
   const int8_t* sub;
   const float* super;
+  const uint16_t* half;
   int64_t group;
 
-  template <bool C>
+  template <Form F>
   F16 At(int64_t b) const {
-    if constexpr (C) return Mul(LoadInt8AsFloat(sub + b * kLanes), Load(super + b / group * kLanes));
+    if constexpr (F == kCompact) return Mul(LoadInt8AsFloat(sub + b * kLanes), Load(super + b / group * kLanes));
+    if constexpr (F == kHalf) return LoadHalfAsFloat(half + b * kLanes);
     return Load(full + b * kLanes);
   }
 };
 
-// Tile g's scales (offsets) in either form.
+// Tile g's scales (offsets) in the matrix's form.
 TileScales ScalesOf(const Problem& p, int64_t g, bool offsets) {
   const int64_t at = g * kLanes * p.nb, at_super = g * kLanes * p.n_super;
-  if (offsets) return {p.offset ? p.offset + at : nullptr, p.offset8 ? p.offset8 + at : nullptr,
-                       p.offset_super ? p.offset_super + at_super : nullptr, p.group};
-  return {p.scale ? p.scale + at : nullptr, p.scale8 ? p.scale8 + at : nullptr,
-          p.scale_super ? p.scale_super + at_super : nullptr, p.group};
+  const auto tile = [at](const auto* a) { return a ? a + at : nullptr; };
+  const float* super = offsets ? p.offset_super : p.scale_super;
+  if (super) super += at_super;
+  if (offsets) return {tile(p.offset), tile(p.offset8), super, tile(p.offset16), p.group};
+  return {tile(p.scale), tile(p.scale8), super, tile(p.scale16), p.group};
 }
 
 // acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (VNNI's int8 form Σ (q + 128) x8
 // first loses 128 · Σ x8).
-template <int MR, bool OFF, bool C>
+template <int MR, bool OFF, Form F>
 inline void Combine(const Problem& p, F16 (&acc)[MR], const I16 (&d)[MR], int64_t m0, int64_t b,
                     const TileScales& sc, const TileScales& of) {
-  const F16 s = sc.At<C>(b);
-  const F16 o = OFF ? of.At<C>(b) : s;
+  const F16 s = sc.At<F>(b);
+  const F16 o = OFF ? of.At<F>(b) : s;
   for (int r = 0; r < MR; ++r) {
     const int64_t at = (m0 + r) * p.nb + b;
     const I16 di = p.q4 || !kInt8Flipped ? d[r] : ISub(d[r], ISet1(128 * p.xsum[at]));
@@ -130,7 +140,7 @@ inline void Combine(const Problem& p, F16 (&acc)[MR], const I16 (&d)[MR], int64_
 
 // MR rows of x (from m0) times the 16 output rows of tile g. Blocks are combined in one fixed order
 // (4-bit: b, b + nb / 2, b + 1, ...; int8: 0, 1, ...), whatever MR is.
-template <int MR, bool OFF, bool C>
+template <int MR, bool OFF, Form F>
 void Tile(const Problem& p, int64_t m0, int64_t g) {
   const int64_t B = p.block, nb = p.nb;
   const uint8_t* w = static_cast<const uint8_t*>(p.values) + g * kLanes * (p.q4 ? p.in / 2 : p.in);
@@ -143,27 +153,33 @@ void Tile(const Problem& p, int64_t m0, int64_t g) {
     const int64_t half = p.in / 2, words = B / 4;  // a block of low (high) nibbles: B bytes per row
     for (int64_t b = 0; b < nb / 2; ++b, w += 64 * words) {
       BlockSums<MR>(d, w, words, 1, x8 + b * B, p.in);
-      Combine<MR, OFF, C>(p, acc, d, m0, b, sc, of);
+      Combine<MR, OFF, F>(p, acc, d, m0, b, sc, of);
       BlockSums<MR>(d, w, words, 2, x8 + half + b * B, p.in);
-      Combine<MR, OFF, C>(p, acc, d, m0, b + nb / 2, sc, of);
+      Combine<MR, OFF, F>(p, acc, d, m0, b + nb / 2, sc, of);
     }
   } else {
     const int64_t words = B / 4;
     for (int64_t b = 0; b < nb; ++b, w += 64 * words) {
       BlockSums<MR>(d, w, words, 0, x8 + b * B, p.in);
-      Combine<MR, OFF, C>(p, acc, d, m0, b, sc, of);
+      Combine<MR, OFF, F>(p, acc, d, m0, b, sc, of);
     }
   }
   for (int r = 0; r < MR; ++r) Store(p.y + (m0 + r) * p.out + g * kLanes, acc[r]);
 }
 
+template <int MR, Form F>
+void TileOf(const Problem& p, int64_t m0, int64_t g) {
+  (p.offset || p.offset8 || p.offset16) ? Tile<MR, true, F>(p, m0, g) : Tile<MR, false, F>(p, m0, g);
+}
+
 template <int MR>
 void TileAny(const Problem& p, int64_t m0, int64_t g) {
-  const bool off = p.offset || p.offset8;
   if (p.scale8) {
-    off ? Tile<MR, true, true>(p, m0, g) : Tile<MR, false, true>(p, m0, g);
+    TileOf<MR, kCompact>(p, m0, g);
+  } else if (p.scale16) {
+    TileOf<MR, kHalf>(p, m0, g);
   } else {
-    off ? Tile<MR, true, false>(p, m0, g) : Tile<MR, false, false>(p, m0, g);
+    TileOf<MR, kFull>(p, m0, g);
   }
 }
 
@@ -193,15 +209,21 @@ void Chunk(const Problem& p, int64_t g0, int64_t g1) {
   }
 }
 
-// The compact form's arrays (int8 sub-scales with float32 super-scales [out, nb / group]) into p, checked.
-ffi::Error ReadCompact(Problem& p, ffi::AnyBuffer scale, specjax::F32Matrix scale_super, ffi::AnyBuffer offset,
-                       specjax::F32Matrix offset_super) {
-  const bool compact = scale.element_type() == ffi::DataType::S8;
-  if (!compact && scale.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("scale must be float32 or int8 sub-scales");
+// The form of the scales into p, checked: float32, float16, or compact (int8 sub-scales with float32
+// super-scales [out, nb / group]).
+ffi::Error ReadForm(Problem& p, ffi::AnyBuffer scale, specjax::F32Matrix scale_super, ffi::AnyBuffer offset,
+                    specjax::F32Matrix offset_super) {
+  const bool compact = scale.element_type() == ffi::DataType::S8, half = scale.element_type() == ffi::DataType::F16;
+  if (!compact && !half && scale.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("scale must be float32, float16 or int8 sub-scales");
   if ((offset.element_count() && offset.element_type() != scale.element_type()) ||
       compact != (scale_super.element_count() > 0) || (offset_super.element_count() > 0) != (compact && p.offset))
     return ffi::Error::InvalidArgument("scale, offset and their super-scales must take one form");
+  if (half) {
+    p.scale16 = reinterpret_cast<const uint16_t*>(p.scale);
+    p.offset16 = reinterpret_cast<const uint16_t*>(p.offset);
+    p.scale = p.offset = nullptr;
+  }
   if (!compact) return ffi::Error::Success();
   p.n_super = scale_super.dimensions()[1];
   if (p.n_super == 0 || p.nb % p.n_super != 0 || scale_super.dimensions()[0] != p.out ||
@@ -222,7 +244,7 @@ ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer value
   auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
   Problem& p = work->problem;
   if (auto err = specjax::ReadArgs(x, values, scale, offset, y, p); err.failure()) return err;
-  if (auto err = ReadCompact(p, scale, scale_super, offset, offset_super); err.failure()) return err;
+  if (auto err = ReadForm(p, scale, scale_super, offset, offset_super); err.failure()) return err;
   if (p.out % kLanes != 0 || p.block > 64 || (p.q4 && p.nb % 2 != 0))
     return ffi::Error::InvalidArgument("shapes the int8 activation kernel does not take");
   if (p.m == 0) return ffi::Error::Success();

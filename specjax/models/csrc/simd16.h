@@ -19,8 +19,8 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SPECJAX_SIMD_AVX512 1
-#elif !defined(__AVX2__) || !defined(__FMA__)
-#error "specjax's int8-activation and fixed-order kernels need AVX2 and FMA (or AVX-512 F, BW and VNNI)"
+#elif !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "specjax's int8-activation and fixed-order kernels need AVX2, FMA and F16C (or AVX-512 F, BW and VNNI)"
 #endif
 
 namespace specjax::simd {
@@ -74,6 +74,9 @@ inline F16 ToFloat(I16 a) { return {_mm512_cvtepi32_ps(a.v)}; }
 inline int32_t IReduceAdd(I16 a) { return _mm512_reduce_add_epi32(a.v); }
 inline F16 LoadInt8AsFloat(const int8_t* p) {  // 16 int8 values, exactly, as float32
   return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+inline F16 LoadHalfAsFloat(const uint16_t* p) {  // 16 float16 values, exactly, as float32
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
 inline void StoreInt8(int8_t* p, I16 a) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(a.v)); }
 
@@ -163,6 +166,10 @@ inline F16 LoadInt8AsFloat(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
   };
   return {eight(p), eight(p + 8)};
+}
+inline F16 LoadHalfAsFloat(const uint16_t* p) {  // F16C
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
 }
 inline void StoreInt8(int8_t* p, I16 a) {  // saturating, like _mm512_cvtsepi32_epi8
   const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);

@@ -8,8 +8,9 @@
   wider than MAX_BLOCK columns are split (x is quantized at least that finely);
 * compact scales: a K-quant's block scales are d · c_b, a float16 per 256 columns times a small integer, exact
   float32 products. `factor_blocks` recovers such factors from the float32 scales alone (no loader change), and
-  they are stored as int8 sub-scales with float32 super-scales [out, nb / group]: 1 + 4 / group bytes per block
-  and row instead of 4 (from llama.cpp's files; `factor_blocks` says which). The kernel forms sub · super, the
+  they are stored as int8 sub-scales with super-scales [out, nb / group] (float16 where exact, as GGUF's d always
+  is, else float32): 1 + 2 / group bytes per block and row instead of 4 (from llama.cpp's files; `factor_blocks`
+  says which). The kernel forms sub · super, the
   very float32 value, so products keep their bits;
 * float16 scales: where the scales do not factor but each is a float16 (GGUF's Q8_0, Q5_0, Q4_0: one float16
   per 32 columns), they are stored as such, 2 bytes per block and row instead of 4 (Gemma 3 270M: 29 MB of its
@@ -31,7 +32,7 @@ from specjax.models.config import ConfigError
 
 # Saved with the tiled arrays of a model (packed_cache.tiled_file): change it with any change of what
 # `tile_arrays` produces, so no start reads a layout the kernel no longer expects.
-LAYOUT_VERSION = "2"  # 2: float16 scales where they are exact (Q8_0, Q5_0)
+LAYOUT_VERSION = "3"  # 2: float16 scales where exact (Q8_0, Q5_0); 3: float16 super-scales
 
 LANES = 16  # output rows per tile (one int32 lane of csrc/simd16.h's vectors each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block
@@ -107,11 +108,14 @@ def _tiles(values: jax.Array, scale: jax.Array, offset: jax.Array | None, block:
     forms["float16"] = (tiled_values | {k: per_tile(h) for k, h in halves.items()},
                         jnp.all(jnp.stack([jnp.all(h.astype(jnp.float32) == parts[k]) for k, h in halves.items()])))
     if group >= 2:
-        compact, ok = dict(tiled_values), jnp.bool_(True)
+        compact, ok, half_supers, halves_exact = dict(tiled_values), jnp.bool_(True), {}, jnp.bool_(True)
         for name, a in parts.items():
             sub, sup, exact = factor_blocks(a, group)
             compact[name], compact[f"{name}_super"], ok = per_tile(sub), per_tile(sup), ok & exact
+            half_supers[f"{name}_super"] = per_tile(sup.astype(jnp.float16))
+            halves_exact &= jnp.all(sup.astype(jnp.float16).astype(jnp.float32) == sup)
         forms["compact"] = (compact, ok)
+        forms["compact16"] = (compact | half_supers, ok & halves_exact)  # GGUF's d is a float16: always
     return forms
 
 
@@ -148,10 +152,11 @@ def per_tile(a: jax.Array) -> jax.Array:
 def untile_blocks(a: jax.Array, sup: jax.Array | None = None) -> jax.Array:
     """A tiled [out, nb] scale (offset) back to row-major float32; compact: sub-scales times their tiled
     super-scales `sup` (exact: the float32 the full form holds)."""
-    rows = _swap_tiles(a, False)
+    rows = _swap_tiles(a, False).astype(jnp.float32)  # float16 scales: exactly the float32 they stand for
     if sup is None:
-        return rows.astype(jnp.float32)  # float16 scales: exactly the float32 they stand for
-    return rows.astype(jnp.float32) * jnp.repeat(_swap_tiles(sup, False), a.shape[1] // sup.shape[1], axis=1)
+        return rows
+    sup = _swap_tiles(sup, False).astype(jnp.float32)
+    return rows * jnp.repeat(sup, a.shape[1] // sup.shape[1], axis=1)
 
 
 def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, compact: bool = True
@@ -173,7 +178,7 @@ def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, c
                           f"{width // scale.shape[1]}")
     group = _super_group(block, width // block) if compact else 1
     forms = _tiles(values, jnp.asarray(scale), None if offset is None else jnp.asarray(offset), block, group)
-    for form in ("compact", "float16", "float32") if compact else ("float32",):
+    for form in ("compact16", "compact", "float16", "float32") if compact else ("float32",):
         if form in forms and bool(forms[form][1]):
             return forms[form][0]
     raise AssertionError("unreachable: the float32 form is always exact")

@@ -181,6 +181,7 @@ def test_k_quant_scales_are_kept_compact_with_the_full_forms_bits(layout, rows):
     packed = _matrix(layout, 48, 512, seed=rows)
     compact, full = TiledBlockQuant.from_block_quant(packed), TiledBlockQuant.from_block_quant(packed, compact=False)
     assert compact.compact and not full.compact and compact.scale.dtype == jnp.int8
+    assert compact.scale_super.dtype == jnp.float16  # GGUF's d: a float16
     assert compact.scale_super.shape == (48, 512 // 256) and (compact.offset is None) == (packed.offset is None)
     nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(nnx.state(t)))
     assert nbytes(compact) <= nbytes(full) - 2 * packed.scale.nbytes // 3
@@ -190,6 +191,25 @@ def test_k_quant_scales_are_kept_compact_with_the_full_forms_bits(layout, rows):
     np.testing.assert_array_equal(np.asarray(compact.dequantized()), np.asarray(packed.dequantized()))
     ids = jnp.array([0, 47, 16, 31])
     np.testing.assert_array_equal(np.asarray(jax.jit(compact.rows)(ids)), np.asarray(packed.rows(ids)))
+
+
+@needs_kernel
+def test_compact_scales_whose_factor_is_not_a_float16_keep_float32_super_scales():
+    """A quantizer whose per-256 factor is not a float16 (14 significant bits here): still compact, with float32
+    super-scales, and the same bits as the full form."""
+    rng = np.random.default_rng(5)
+    out, width = 32, 512
+    c = rng.integers(0, 64, (out, width // 32)).astype(np.float32)
+    c[:, ::8] = 63  # llama.cpp's rule: each 256 columns' largest integer is 63
+    d = ((8193 + rng.integers(0, 2000, (out, width // 256))) * 2.0**-24).astype(np.float32)
+    packed = BlockQuant(rng.integers(0, 256, (out, width // 2), dtype=np.uint8), c * np.repeat(d, 8, axis=1))
+    compact = TiledBlockQuant.from_block_quant(packed)
+    assert compact.compact and compact.scale_super.dtype == jnp.float32
+    full = TiledBlockQuant.from_block_quant(packed, compact=False)
+    x = jnp.asarray(rng.standard_normal((3, width)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(compact, x)),
+                                  np.asarray(native_kernels.block_quant_product(full, x)))
+    np.testing.assert_array_equal(np.asarray(compact.dequantized()), np.asarray(packed.dequantized()))
 
 
 @needs_kernel

@@ -52,8 +52,10 @@ struct Problem : specjax::GemmArgs {
   const int8_t* offset8 = nullptr;
   const uint16_t* scale16 = nullptr;  // float16 scales (offsets)
   const uint16_t* offset16 = nullptr;
-  const float* scale_super = nullptr;
+  const float* scale_super = nullptr;  // compact: float32 super-scales, or
   const float* offset_super = nullptr;
+  const uint16_t* scale_super16 = nullptr;  // float16 ones (GGUF's K-quants: d is a float16)
+  const uint16_t* offset_super16 = nullptr;
   int64_t group = 1, n_super = 0;
   std::vector<int8_t> x8;     // [m, in]
   std::vector<float> sx;      // [m, nb]
@@ -92,21 +94,24 @@ inline void BlockSums(I16 (&d)[MR], const uint8_t* w, int64_t words, int nibble,
     for (int r = 0; r < MR; ++r) d[r] = DotWords(d[r], w, nibble, xb + r * in + 4 * v);
 }
 
-// How a matrix stores its scales (offsets): float32, compact (int8 sub-scales times float32 super-scales) or
-// float16.
-enum Form { kFull, kCompact, kHalf };
+// How a matrix stores its scales (offsets): float32, compact (int8 sub-scales times float32 or float16
+// super-scales) or float16.
+enum Form { kFull, kCompact, kCompactHalf, kHalf };
 
 // One tile's scales (offsets): block b's 16 lanes in the matrix's form.
 struct TileScales {
   const float* full;
   const int8_t* sub;
   const float* super;
+  const uint16_t* super16;
   const uint16_t* half;
   int64_t group;
 
   template <Form F>
   F16 At(int64_t b) const {
     if constexpr (F == kCompact) return Mul(LoadInt8AsFloat(sub + b * kLanes), Load(super + b / group * kLanes));
+    if constexpr (F == kCompactHalf)
+      return Mul(LoadInt8AsFloat(sub + b * kLanes), LoadHalfAsFloat(super16 + b / group * kLanes));
     if constexpr (F == kHalf) return LoadHalfAsFloat(half + b * kLanes);
     return Load(full + b * kLanes);
   }
@@ -116,10 +121,11 @@ struct TileScales {
 TileScales ScalesOf(const Problem& p, int64_t g, bool offsets) {
   const int64_t at = g * kLanes * p.nb, at_super = g * kLanes * p.n_super;
   const auto tile = [at](const auto* a) { return a ? a + at : nullptr; };
-  const float* super = offsets ? p.offset_super : p.scale_super;
-  if (super) super += at_super;
-  if (offsets) return {tile(p.offset), tile(p.offset8), super, tile(p.offset16), p.group};
-  return {tile(p.scale), tile(p.scale8), super, tile(p.scale16), p.group};
+  const auto super = [at_super](const auto* a) { return a ? a + at_super : nullptr; };
+  if (offsets)
+    return {tile(p.offset), tile(p.offset8), super(p.offset_super), super(p.offset_super16), tile(p.offset16),
+            p.group};
+  return {tile(p.scale), tile(p.scale8), super(p.scale_super), super(p.scale_super16), tile(p.scale16), p.group};
 }
 
 // acc += sx · (scale · Σ q x8 − offset · Σ x8) for block b of each row (VNNI's int8 form Σ (q + 128) x8
@@ -175,7 +181,7 @@ void TileOf(const Problem& p, int64_t m0, int64_t g) {
 template <int MR>
 void TileAny(const Problem& p, int64_t m0, int64_t g) {
   if (p.scale8) {
-    TileOf<MR, kCompact>(p, m0, g);
+    p.scale_super16 ? TileOf<MR, kCompactHalf>(p, m0, g) : TileOf<MR, kCompact>(p, m0, g);
   } else if (p.scale16) {
     TileOf<MR, kHalf>(p, m0, g);
   } else {
@@ -209,10 +215,10 @@ void Chunk(const Problem& p, int64_t g0, int64_t g1) {
   }
 }
 
-// The form of the scales into p, checked: float32, float16, or compact (int8 sub-scales with float32
-// super-scales [out, nb / group]).
-ffi::Error ReadForm(Problem& p, ffi::AnyBuffer scale, specjax::F32Matrix scale_super, ffi::AnyBuffer offset,
-                    specjax::F32Matrix offset_super) {
+// The form of the scales into p, checked: float32, float16, or compact (int8 sub-scales with float32 or
+// float16 super-scales [out, nb / group]).
+ffi::Error ReadForm(Problem& p, ffi::AnyBuffer scale, ffi::AnyBuffer scale_super, ffi::AnyBuffer offset,
+                    ffi::AnyBuffer offset_super) {
   const bool compact = scale.element_type() == ffi::DataType::S8, half = scale.element_type() == ffi::DataType::F16;
   if (!compact && !half && scale.element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("scale must be float32, float16 or int8 sub-scales");
@@ -225,21 +231,34 @@ ffi::Error ReadForm(Problem& p, ffi::AnyBuffer scale, specjax::F32Matrix scale_s
     p.scale = p.offset = nullptr;
   }
   if (!compact) return ffi::Error::Success();
+  if (scale_super.dimensions().size() != 2 || (p.offset && offset_super.dimensions().size() != 2))
+    return ffi::Error::InvalidArgument("super-scales must be [out, nb / group]");
   p.n_super = scale_super.dimensions()[1];
   if (p.n_super == 0 || p.nb % p.n_super != 0 || scale_super.dimensions()[0] != p.out ||
       (p.offset && (offset_super.dimensions()[0] != p.out || offset_super.dimensions()[1] != p.n_super)))
     return ffi::Error::InvalidArgument("super-scales must be [out, nb / group]");
+  const auto super_type = scale_super.element_type();
+  if ((super_type != ffi::DataType::F32 && super_type != ffi::DataType::F16) ||
+      (p.offset && offset_super.element_type() != super_type))
+    return ffi::Error::InvalidArgument("super-scales must be float32 or float16, both of one type");
   p.group = p.nb / p.n_super;
   p.scale8 = reinterpret_cast<const int8_t*>(p.scale);
   p.offset8 = reinterpret_cast<const int8_t*>(p.offset);
   p.scale = p.offset = nullptr;
-  p.scale_super = scale_super.typed_data();
-  p.offset_super = p.offset8 ? offset_super.typed_data() : nullptr;
+  const void* ss = scale_super.untyped_data();
+  const void* os = p.offset8 ? offset_super.untyped_data() : nullptr;
+  if (super_type == ffi::DataType::F16) {
+    p.scale_super16 = static_cast<const uint16_t*>(ss);
+    p.offset_super16 = static_cast<const uint16_t*>(os);
+  } else {
+    p.scale_super = static_cast<const float*>(ss);
+    p.offset_super = static_cast<const float*>(os);
+  }
   return ffi::Error::Success();
 }
 
 ffi::Error Gemm(ffi::ThreadPool pool, specjax::F32Matrix x, ffi::AnyBuffer values, ffi::AnyBuffer scale,
-                specjax::F32Matrix scale_super, ffi::AnyBuffer offset, specjax::F32Matrix offset_super,
+                ffi::AnyBuffer scale_super, ffi::AnyBuffer offset, ffi::AnyBuffer offset_super,
                 specjax::F32Result y) {
   auto work = std::make_shared<specjax::ChunkedWork<Problem>>();
   Problem& p = work->problem;
@@ -264,8 +283,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxInt8ActivationGemm, Gemm,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<specjax::F32Matrix>()  // x
                                   .Arg<ffi::AnyBuffer>()      // values
-                                  .Arg<ffi::AnyBuffer>()      // scale: float32, or int8 sub-scales
-                                  .Arg<specjax::F32Matrix>()  // scale super-scales (compact), else [out, 0]
+                                  .Arg<ffi::AnyBuffer>()      // scale: float32, float16 or int8 sub-scales
+                                  .Arg<ffi::AnyBuffer>()      // super-scales f32 / f16 (compact), else [out, 0]
                                   .Arg<ffi::AnyBuffer>()      // offset (as scale), or empty
-                                  .Arg<specjax::F32Matrix>()  // offset super-scales (compact), else [out, 0]
+                                  .Arg<ffi::AnyBuffer>()      // offset super-scales (as scale's), else [out, 0]
                                   .Ret<specjax::F32Matrix>());

@@ -171,6 +171,16 @@ def test_a_second_load_from_another_cache_reuses_the_registered_kernel(monkeypat
         native_kernels._load.cache_clear()
 
 
+def _same_bits_as_the_full_form(tiled: TiledBlockQuant, full: TiledBlockQuant, packed: BlockQuant, rows: int):
+    """Products (against the float32-scale form), dequantization and lookups (against the row-major matrix)."""
+    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, packed.shape[1])).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(tiled, x)),
+                                  np.asarray(native_kernels.block_quant_product(full, x)))
+    np.testing.assert_array_equal(np.asarray(tiled.dequantized()), np.asarray(packed.dequantized()))
+    ids = jnp.array([0, packed.shape[0] - 1, 16, 31])
+    np.testing.assert_array_equal(np.asarray(jax.jit(tiled.rows)(ids)), np.asarray(packed.rows(ids)))
+
+
 # ------------------------------------------------------------------ compact scales (GGUF K-quants)
 @needs_kernel
 @pytest.mark.parametrize("layout", ["q4_k", "q6_k"])
@@ -185,12 +195,7 @@ def test_k_quant_scales_are_kept_compact_with_the_full_forms_bits(layout, rows):
     assert compact.scale_super.shape == (48, 512 // 256) and (compact.offset is None) == (packed.offset is None)
     nbytes = lambda t: sum(a.nbytes for a in jax.tree.leaves(nnx.state(t)))
     assert nbytes(compact) <= nbytes(full) - 2 * packed.scale.nbytes // 3
-    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32))
-    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(compact, x)),
-                                  np.asarray(native_kernels.block_quant_product(full, x)))
-    np.testing.assert_array_equal(np.asarray(compact.dequantized()), np.asarray(packed.dequantized()))
-    ids = jnp.array([0, 47, 16, 31])
-    np.testing.assert_array_equal(np.asarray(jax.jit(compact.rows)(ids)), np.asarray(packed.rows(ids)))
+    _same_bits_as_the_full_form(compact, full, packed, rows)
 
 
 @needs_kernel
@@ -205,11 +210,7 @@ def test_compact_scales_whose_factor_is_not_a_float16_keep_float32_super_scales(
     packed = BlockQuant(rng.integers(0, 256, (out, width // 2), dtype=np.uint8), c * np.repeat(d, 8, axis=1))
     compact = TiledBlockQuant.from_block_quant(packed)
     assert compact.compact and compact.scale_super.dtype == jnp.float32
-    full = TiledBlockQuant.from_block_quant(packed, compact=False)
-    x = jnp.asarray(rng.standard_normal((3, width)).astype(np.float32))
-    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(compact, x)),
-                                  np.asarray(native_kernels.block_quant_product(full, x)))
-    np.testing.assert_array_equal(np.asarray(compact.dequantized()), np.asarray(packed.dequantized()))
+    _same_bits_as_the_full_form(compact, TiledBlockQuant.from_block_quant(packed, compact=False), packed, 3)
 
 
 @needs_kernel
@@ -224,12 +225,7 @@ def test_float16_scales_are_kept_as_float16_with_the_full_forms_bits(layout, row
     assert not half.compact and half.scale.dtype == jnp.float16 and full.scale.dtype == jnp.float32
     assert (half.offset is None) == (packed.offset is None)
     assert half.offset is None or half.offset.dtype == jnp.float16
-    x = jnp.asarray(np.random.default_rng(rows).standard_normal((rows, 512)).astype(np.float32))
-    np.testing.assert_array_equal(np.asarray(native_kernels.block_quant_product(half, x)),
-                                  np.asarray(native_kernels.block_quant_product(full, x)))
-    np.testing.assert_array_equal(np.asarray(half.dequantized()), np.asarray(packed.dequantized()))
-    ids = jnp.array([0, 47, 16, 31])
-    np.testing.assert_array_equal(np.asarray(jax.jit(half.rows)(ids)), np.asarray(packed.rows(ids)))
+    _same_bits_as_the_full_form(half, full, packed, rows)
     off_by_one = BlockQuant(packed.values[...], packed.scale[...].at[3, 2].multiply(1 + 2**-20), _get_offset(packed))
     assert TiledBlockQuant.from_block_quant(off_by_one).scale.dtype == jnp.float32
 

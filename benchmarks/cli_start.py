@@ -14,6 +14,7 @@ compiles are one-off costs the README reports apart).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import subprocess
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.reps < 1 or args.new_tokens < 1 or args.lcpp < 0:
         fail("--reps and --new-tokens must be ≥ 1, --lcpp ≥ 0")
+    if args.lcpp and importlib.util.find_spec("llama_cpp") is None:
+        fail("--lcpp: llama-cpp-python is not importable here (benchmarks/README.md says how to build it)")
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     for t in trees:
         if not (t / "specjax" / "decode").is_dir():

@@ -25,7 +25,7 @@ from specjax.models.quant import BlockQuant
 
 def _buildable() -> bool:
     """x86-64 with AVX2 and FMA (AVX-512 VNNI CPUs have them too) and a C++ compiler."""
-    return cpu_builds("avx2", "fma")
+    return cpu_builds("avx2", "fma", "f16c")
 
 
 needs_kernel = pytest.mark.skipif(not native_kernels.available("int8"),

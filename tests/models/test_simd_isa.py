@@ -20,7 +20,7 @@ from specjax.models import native_kernels, transformer, weight_formats
 from specjax.models.int8_activations import TiledBlockQuant, tile_model
 
 # Both forms build on x86-64 with AVX-512 VNNI (and so AVX2) and a C++ compiler.
-needs_both = pytest.mark.skipif(not cpu_builds("avx512_vnni", "avx512bw", "avx2", "fma"),
+needs_both = pytest.mark.skipif(not cpu_builds("avx512_vnni", "avx512bw", "avx2", "fma", "f16c"),
                                 reason="needs an AVX-512 VNNI CPU to compare with the AVX2 form")
 
 

@@ -153,7 +153,7 @@ def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     `compact`: scales that factor exactly (GGUF K-quants) as int8 sub-scales (`tile_layout`); False keeps
     every scale float32 (the same products, more bytes: for comparisons). `progress` hears one line when
     there is work to do."""
-    from specjax.models.weight_formats import packed_matrices
+    from specjax.models.weight_formats import iter_linears, packed_matrices
 
     done: dict[int, BlockQuant] = {}
 
@@ -167,7 +167,10 @@ def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
                 TiledBlockQuant.from_block_quant(packed, compact))
         return done[id(packed)]
 
-    attach_packed(model, {name: tiled(packed) for name, packed in packed_matrices(model).items()})
+    linears = dict(iter_linears(model))
+    current = {"embed": lambda: model.embed_packed, "head": lambda: model.head_quant}
+    for name in list(packed_matrices(model)):  # one at a time: a replaced matrix is freed before the next is laid out
+        attach_packed(model, {name: tiled(current[name]() if name in current else linears[name].packed)})
     if done:
         fixed_order_reductions(model)
     return len(done)

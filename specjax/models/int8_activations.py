@@ -170,7 +170,7 @@ def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     linears = dict(iter_linears(model))
     current = {"embed": lambda: model.embed_packed, "head": lambda: model.head_quant}
     for name in list(packed_matrices(model)):  # one at a time: a replaced matrix is freed before the next is laid out
-        attach_packed(model, {name: tiled(current[name]() if name in current else linears[name].packed)})
+        attach_packed(model, {name: tiled(current[name]() if name in current else linears[name].packed)}, linears)
     if done:
         fixed_order_reductions(model)
     return len(done)

@@ -11,6 +11,7 @@ holds config.json, tokenizer/ and weights.safetensors (matrices as ``<name>:valu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -232,7 +233,9 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
     weights, layout = folder / "weights.safetensors", tiled_file(folder)
     if tiled and layout.is_file():
         try:
-            return build_packed_model(cfg, weights, dtype, source, layout)
+            model = build_packed_model(cfg, weights, dtype, source, layout)
+            _drop_other_layouts(layout)
+            return model
         except (OSError, ValueError, KeyError, TypeError, WeightsError) as e:  # a damaged or stale file: redo it
             warn(f"the cached int8 layout {layout} is unreadable ({type(e).__name__}: {e}); laying out again")
             layout.unlink(missing_ok=True)
@@ -240,6 +243,15 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
     if tiled and tile_model(model, progress=progress):
         try:
             save_tiled(model, layout)
+            _drop_other_layouts(layout)
         except OSError as e:  # a full disk costs the next start 2 s, not this run
             warn(f"could not cache the int8 layout in {layout} ({e})")
     return model
+
+
+def _drop_other_layouts(layout: Path) -> None:
+    """Removes the folder's layouts of other versions: no start reads them again (a 1.2 GB copy each for Qwen)."""
+    for stale in layout.parent.glob("tiled-*.safetensors"):
+        if stale != layout:
+            with contextlib.suppress(OSError):  # another user's file, a read-only cache: left as it is
+                stale.unlink(missing_ok=True)

@@ -268,10 +268,13 @@ def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path
 
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", Tiny())
+    loading.load_model(str(path), weights="q4", activations="float32")  # the packed folder, no layout yet
+    (folder,) = (tmp_path / "cache").glob("gguf-packed-*-q4")
+    (folder / "tiled-0.safetensors").write_bytes(b"an older layout version")
     lines: list[str] = []
     first, _ = loading.load_model(str(path), weights="q4", activations="int8", progress=lines.append)
     assert "laying out matrices for int8 activations" in lines
-    (saved,) = (tmp_path / "cache").glob("gguf-packed-*-q4/tiled-*.safetensors")
+    (saved,) = folder.glob("tiled-*.safetensors")  # the older version's file is gone
 
     def no_layout(*args, **kwargs):
         raise AssertionError("laid out again")

@@ -37,6 +37,8 @@ from specjax.models.transformer import Transformer
 from specjax.models.weight_formats import pack_model, resolve_weights
 
 DEFAULT_MODEL = "gemma3-270m"
+# What reading a damaged cache entry raises (a truncated file, a broken header or tokenizer): caught to rebuild it.
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError)
 _CACHE_VERSION = "4"  # 4: folders carry a manifest (sizes, checksums) and are written under a lock
 
 
@@ -198,7 +200,7 @@ def load_gguf(
         progress("loading cached weights")
         try:
             return _read_converted(target, dtype, source)
-        except (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError) as e:
+        except UNREADABLE as e:
             if attempt == 2:  # verified, yet unreadable twice: not damage a rebuild repairs
                 raise ModelFileError(f"the converted model at {target} is unreadable ({e}); delete that folder "
                                      "and run again") from None

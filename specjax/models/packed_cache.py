@@ -134,9 +134,8 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
         matrices = {k.split(":")[0] for k in keys if ":" in k}
         plain = keys - {k for k in keys if ":" in k}
         missing = sorted(set(expected) - matrices - plain)
-        extra = sorted((matrices | plain) - set(expected))
-        if missing or extra or set(tiled) - matrices:
-            extra += sorted(set(tiled) - matrices)
+        extra = sorted((matrices | plain) - set(expected)) + sorted(set(tiled) - matrices)
+        if missing or extra:
             raise WeightsError(f"{source} does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
         graphdef, state = nnx.split(abstract_transformer(cfg, dtype))
         flat = nnx.to_flat_state(state)
@@ -185,12 +184,9 @@ def load_packed_gguf(path: Path, sha256: str, fmt: str, dtype, progress: Callabl
     A cached folder that cannot be read (a truncated file, a damaged header) is converted again after one
     warning line; unreadable twice is a ModelFileError. (No checksum: it would cost ~1 s of every Qwen start.)
     """
-    from safetensors import SafetensorError
-
     from specjax.models.artifacts import warn
-    from specjax.models.loading import ModelFileError, cache_root, config_from_json
-    from specjax.models.params import WeightsError
-    from specjax.models.tokenizer import Tokenizer, TokenizerError
+    from specjax.models.loading import UNREADABLE, ModelFileError, cache_root, config_from_json
+    from specjax.models.tokenizer import Tokenizer
 
     target = cache_root() / f"gguf-packed-{PACKED_VERSION}-{sha256[:32]}-{fmt}"
     for attempt in (1, 2):
@@ -200,7 +196,7 @@ def load_packed_gguf(path: Path, sha256: str, fmt: str, dtype, progress: Callabl
             cfg = config_from_json((target / "config.json").read_text())
             progress(f"loading cached weights ({fmt})")
             return _packed_model(cfg, target, dtype, str(path), tiled, progress), Tokenizer.load(target / "tokenizer")
-        except (OSError, ValueError, KeyError, TypeError, SafetensorError, TokenizerError, WeightsError) as e:
+        except UNREADABLE as e:
             if attempt == 2:
                 raise ModelFileError(f"the converted model at {target} is unreadable ({e}); delete that folder "
                                      "and run again") from None
@@ -228,7 +224,7 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
     now and saved there (a Qwen start: 2.3 s less)."""
     from specjax.models.artifacts import warn
     from specjax.models.int8_activations import tile_model
-    from specjax.models.params import WeightsError
+    from specjax.models.loading import UNREADABLE
 
     weights, layout = folder / "weights.safetensors", tiled_file(folder)
     if tiled and layout.is_file():
@@ -236,7 +232,7 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
             model = build_packed_model(cfg, weights, dtype, source, layout)
             _drop_other_layouts(layout)
             return model
-        except (OSError, ValueError, KeyError, TypeError, WeightsError) as e:  # a damaged or stale file: redo it
+        except UNREADABLE as e:  # a damaged or stale file: lay out again
             warn(f"the cached int8 layout {layout} is unreadable ({type(e).__name__}: {e}); laying out again")
             layout.unlink(missing_ok=True)
     model = build_packed_model(cfg, weights, dtype, source)

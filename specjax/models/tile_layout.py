@@ -96,27 +96,25 @@ def _super_group(block: int, nb: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("block", "group"))
 def _tiles(values: jax.Array, scale: jax.Array, offset: jax.Array | None, block: int, group: int):
-    """Each form's tiles and whether it is exact: {"float32": (tiles, True), "float16": (tiles with float16
-    scales, exact?), "compact": (tiles with compact scales, exact?)} (no compact form when group < 2). One
-    program per shape (loading a model compiles a handful, not one per operation)."""
+    """(tiles with float32 scales, tiles with compact scales (float32 super-scales) or None when group < 2,
+    {"compact", "float16", "super16"}: whether the compact form is exact, whether every scale / every
+    super-scale is a float16). One program per shape (loading a model compiles a handful, not one per operation);
+    the caller narrows to float16 what the flags allow."""
     width = values.shape[1] * (2 if values.dtype == jnp.uint8 else 1)
     split = lambda a: jnp.repeat(a.astype(jnp.float32), width // a.shape[1] // block, axis=1)
     parts = {"scale": split(scale)} | ({} if offset is None else {"offset": split(offset)})
-    tiled_values = {"values": word_tiles(values)}
-    forms = {"float32": (tiled_values | {k: per_tile(a) for k, a in parts.items()}, jnp.bool_(True))}
-    halves = {k: a.astype(jnp.float16) for k, a in parts.items()}
-    forms["float16"] = (tiled_values | {k: per_tile(h) for k, h in halves.items()},
-                        jnp.all(jnp.stack([jnp.all(h.astype(jnp.float32) == parts[k]) for k, h in halves.items()])))
-    if group >= 2:
-        compact, ok, half_supers, halves_exact = dict(tiled_values), jnp.bool_(True), {}, jnp.bool_(True)
-        for name, a in parts.items():
-            sub, sup, exact = factor_blocks(a, group)
-            compact[name], compact[f"{name}_super"], ok = per_tile(sub), per_tile(sup), ok & exact
-            half_supers[f"{name}_super"] = per_tile(sup.astype(jnp.float16))
-            halves_exact &= jnp.all(sup.astype(jnp.float16).astype(jnp.float32) == sup)
-        forms["compact"] = (compact, ok)
-        forms["compact16"] = (compact | half_supers, ok & halves_exact)  # GGUF's d is a float16: always
-    return forms
+    is_half = lambda a: jnp.all(a.astype(jnp.float16).astype(jnp.float32) == a)
+    full = {"values": word_tiles(values)} | {k: per_tile(a) for k, a in parts.items()}
+    exact = {"float16": jnp.all(jnp.stack([is_half(a) for a in parts.values()])), "compact": jnp.bool_(False),
+             "super16": jnp.bool_(False)}
+    if group < 2:
+        return full, None, exact
+    compact, ok, super16 = {"values": full["values"]}, jnp.bool_(True), jnp.bool_(True)
+    for name, a in parts.items():
+        sub, sup, good = factor_blocks(a, group)
+        compact[name], compact[f"{name}_super"] = per_tile(sub), per_tile(sup)
+        ok, super16 = ok & good, super16 & is_half(sup)
+    return full, compact, exact | {"compact": ok, "super16": super16}
 
 
 def _swap_tiles(a: jax.Array, to_tiles: bool) -> jax.Array:
@@ -177,8 +175,11 @@ def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, c
         raise ConfigError(f"activations=int8 cannot take a {out} x {width} matrix with scale blocks of "
                           f"{width // scale.shape[1]}")
     group = _super_group(block, width // block) if compact else 1
-    forms = _tiles(values, jnp.asarray(scale), None if offset is None else jnp.asarray(offset), block, group)
-    for form in ("compact16", "compact", "float16", "float32") if compact else ("float32",):
-        if form in forms and bool(forms[form][1]):
-            return forms[form][0]
-    raise AssertionError("unreachable: the float32 form is always exact")
+    full, factored, exact = _tiles(values, jnp.asarray(scale), None if offset is None else jnp.asarray(offset),
+                                   block, group)
+    half = lambda tiles, names: tiles | {k: tiles[k].astype(jnp.float16) for k in names if k in tiles}
+    if factored is not None and bool(exact["compact"]):
+        return half(factored, ("scale_super", "offset_super")) if bool(exact["super16"]) else factored
+    if compact and bool(exact["float16"]):
+        return half(full, ("scale", "offset"))
+    return full

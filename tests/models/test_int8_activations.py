@@ -20,7 +20,7 @@ from test_native_kernels import LAYOUTS, _matrix, cpu_builds
 from specjax.models import native_kernels, transformer, weight_formats
 from specjax.models.config import ConfigError
 from specjax.models.int8_activations import TiledBlockQuant, check, resolve, tile_model
-from specjax.models.quant import BlockQuant
+from specjax.models.quant import BlockQuant, _get
 
 
 def _buildable() -> bool:
@@ -226,12 +226,8 @@ def test_float16_scales_are_kept_as_float16_with_the_full_forms_bits(layout, row
     assert (half.offset is None) == (packed.offset is None)
     assert half.offset is None or half.offset.dtype == jnp.float16
     _same_bits_as_the_full_form(half, full, packed, rows)
-    off_by_one = BlockQuant(packed.values[...], packed.scale[...].at[3, 2].multiply(1 + 2**-20), _get_offset(packed))
+    off_by_one = BlockQuant(packed.values[...], packed.scale[...].at[3, 2].multiply(1 + 2**-20), _get(packed.offset))
     assert TiledBlockQuant.from_block_quant(off_by_one).scale.dtype == jnp.float32
-
-
-def _get_offset(packed):
-    return None if packed.offset is None else packed.offset[...]
 
 
 @needs_kernel

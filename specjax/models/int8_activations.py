@@ -32,7 +32,7 @@ from flax import nnx
 from specjax.models import native_kernels
 from specjax.models.config import ConfigError
 from specjax.models.layers import RMSNorm
-from specjax.models.quant import BlockQuant, QuantBuffer, _get
+from specjax.models.quant import BlockQuant, QuantBuffer, _get, device_array
 from specjax.models.reductions import argmax
 from specjax.models.tile_layout import LANES, kernel_block, tile_arrays, untile_blocks, untile_values
 from specjax.models.transformer import Attention
@@ -81,7 +81,7 @@ class TiledBlockQuant(BlockQuant):
     tiled = True
 
     def __init__(self, values, scale, offset=None, scale_super=None, offset_super=None):
-        as_buffer = lambda a: None if a is None else QuantBuffer(jnp.asarray(a))
+        as_buffer = lambda a: None if a is None else QuantBuffer(device_array(a))
         self.values, self.scale, self.offset = as_buffer(values), as_buffer(scale), as_buffer(offset)
         self.scale_super, self.offset_super = as_buffer(scale_super), as_buffer(offset_super)
 

@@ -105,26 +105,36 @@ _NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64":
                  "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
+# Alignment XLA:CPU needs to take a host buffer without copying it (jax.device_put(..., may_alias=True)).
+_ALIGN = 64
+
+
 def write_safetensors(arrays: Mapping[str, object], path: Path) -> None:
     """Writes `arrays` (numpy or host-side jax arrays) as a safetensors file, one array at a time, through a
     temporary file renamed into place (a reader never sees half a file). Unlike safetensors' save_file, which
-    joins every array into one bytes object first, memory stays at one array's host copy."""
+    joins every array into one bytes object first, memory stays at one array's host copy.
+
+    The data start 64-byte aligned and the arrays whose sizes are multiples of 64 bytes come first, so each of
+    them is 64-byte aligned in the file: `read_safetensors`' views of it can become device arrays in place
+    (`quant.device_array`). The file stays a valid safetensors file (contiguous data, no holes)."""
     codes = {np.dtype(t): code for code, t in _NUMPY_DTYPES.items()}
+    nbytes = {name: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for name, a in arrays.items()}
+    order = sorted(arrays, key=lambda name: nbytes[name] % _ALIGN != 0)  # stable: otherwise as given
     header, offset = {}, 0
-    for name, a in arrays.items():
-        size = int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+    for name in order:
+        a = arrays[name]
         header[name] = {"dtype": codes[np.dtype(a.dtype)], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
+                        "data_offsets": [offset, offset + nbytes[name]]}
+        offset += nbytes[name]
     text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    text += b" " * (-(8 + len(text)) % _ALIGN)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(len(text).to_bytes(8, "little") + text)
-            for a in arrays.values():
-                if a.size:
-                    f.write(memoryview(np.ascontiguousarray(np.asarray(a))).cast("B"))
+            for name in order:
+                if arrays[name].size:
+                    f.write(memoryview(np.ascontiguousarray(np.asarray(arrays[name]))).cast("B"))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

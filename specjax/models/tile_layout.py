@@ -31,8 +31,9 @@ import jax.numpy as jnp
 from specjax.models.config import ConfigError
 
 # Saved with the tiled arrays of a model (packed_cache.tiled_file): change it with any change of what
-# `tile_arrays` produces, so no start reads a layout the kernel no longer expects.
-LAYOUT_VERSION = "3"  # 2: float16 scales where exact (Q8_0, Q5_0); 3: float16 super-scales
+# `tile_arrays` produces or of how that file is written, so no start reads a layout the kernel no longer
+# expects (or one that cannot be mapped in place).
+LAYOUT_VERSION = "4"  # 2: float16 scales where exact (Q8_0, Q5_0); 3: float16 super-scales; 4: 64-byte aligned file
 
 LANES = 16  # output rows per tile (one int32 lane of csrc/simd16.h's vectors each)
 MAX_BLOCK = 32  # larger scale blocks (per-channel scales) are split: x is quantized per block

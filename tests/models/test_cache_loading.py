@@ -3,6 +3,7 @@ each kind of damage (rebuilt, or one clear error for a damaged source), the embe
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -217,9 +218,15 @@ def test_safetensors_written_one_array_at_a_time_read_back_by_both_readers(tmp_p
               "i": np.arange(6, dtype=np.int32).reshape(2, 3), "empty": np.zeros((4, 0), np.float32),
               "b": np.array([True, False]), "scalar": np.float32(2.5) * np.ones((), np.float32),
               "j": jnp.arange(10, dtype=jnp.float32)}
+    arrays |= {"k:values": rng.integers(-128, 127, (16, 12), dtype=np.int8), "k:scale": np.ones((16, 2), np.float16)}
     path = tmp_path / "x.safetensors"
     loading.write_safetensors(arrays, path)
     assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]  # the temporary file is gone
+    raw = path.read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    offsets = {k: v["data_offsets"][0] for k, v in json.loads(raw[8:start]).items()}
+    assert start % 64 == 0  # every array whose size is a multiple of 64 bytes sits 64-byte aligned
+    assert all(offsets[k] % 64 == 0 for k, a in arrays.items() if np.asarray(a).nbytes % 64 == 0), offsets
     for got in (load_file(str(path)), loading.read_safetensors(path)):
         assert got.keys() == arrays.keys()
         for k, a in arrays.items():

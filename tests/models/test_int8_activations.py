@@ -9,6 +9,8 @@ one clear line.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -255,11 +257,12 @@ def test_a_k_quant_gguf_loads_compact_and_decodes_as_the_full_form(tmp_path, mon
 @needs_kernel
 def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path, monkeypatch, capsys):
     """The first int8 load lays the matrices out and saves them next to the packed weights; the next load takes
-    them from there (no layout work: a Qwen start 2.3 s shorter) with the same arrays and logits; a damaged file
-    is reported in one warning line and replaced."""
+    them from there (no layout work: a Qwen start 2.3 s shorter) with the same arrays and logits, as the file's own
+    pages (mapped, not copied: both loads); a damaged file is reported in one warning line and replaced."""
     from conftest import full_logits
     from tiny_gguf import Tiny, write_tiny_gguf
 
+    from specjax.decode.generate import GenerateConfig, Generator
     from specjax.models import int8_activations, loading
 
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
@@ -278,7 +281,7 @@ def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path
     with monkeypatch.context() as m:
         m.setattr(int8_activations.TiledBlockQuant, "from_block_quant", no_layout)
         lines.clear()
-        second, _ = loading.load_model(str(path), weights="q4", activations="int8", progress=lines.append)
+        second, tok = loading.load_model(str(path), weights="q4", activations="int8", progress=lines.append)
     assert not any("laying out" in line for line in lines), lines
     a, b = weight_formats.packed_matrices(first), weight_formats.packed_matrices(second)
     assert a.keys() == b.keys() and any(isinstance(m, TiledBlockQuant) for m in b.values())
@@ -287,14 +290,35 @@ def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path
         for x, y in zip(jax.tree.leaves(nnx.state(a[name])), jax.tree.leaves(nnx.state(b[name])), strict=True):
             assert x.dtype == y.dtype
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+    # Both loads take the matrices as the file's pages (the first after writing it); decoding keeps them there.
+    Generator(second, tok).generate(["ab"], GenerateConfig(max_new_tokens=2))
+    for model in (first, second):
+        tiles = [m for m in weight_formats.packed_matrices(model).values() if isinstance(m, TiledBlockQuant)]
+        assert tiles and all(_in_mapping(m.values[...], saved) for m in tiles)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 260, (2, 8)), jnp.int32)
     want = full_logits(first, tokens)
     np.testing.assert_array_equal(full_logits(second, tokens), want)
 
-    saved.write_bytes(saved.read_bytes()[:100])
+    # Damage comes as a new file (as a crash can leave one: ours are renamed into place), not as the mapped
+    # file cut short under the two models above, whose next read of a lost page would be a SIGBUS.
+    cut = saved.with_name("cut")
+    cut.write_bytes(saved.read_bytes()[:100])
+    cut.replace(saved)
     capsys.readouterr()
     third, _ = loading.load_model(str(path), weights="q4", activations="int8")
     err = capsys.readouterr().err
     assert err.count("warning: the cached int8 layout") == 1 and "laying out again" in err, err
     np.testing.assert_array_equal(full_logits(third, tokens), want)
     assert saved.stat().st_size > 100  # replaced by a whole file
+
+
+def _in_mapping(a: jax.Array, path) -> bool:
+    """Whether array `a`'s buffer lies in this process's memory map of file `path` (/proc/self/maps)."""
+    ptr, target = a.unsafe_buffer_pointer(), str(path.resolve())
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].strip() == target:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= ptr and ptr + a.nbytes <= hi:
+                return True
+    return False

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.models.quant import MAX_CHUNKED_ROWS, BlockQuant, block_quant_from_gguf
+from specjax.models.quant import MAX_CHUNKED_ROWS, BlockQuant, block_quant_from_gguf, device_array
 
 
 class FakeTensor:
@@ -102,3 +102,21 @@ def test_chunked_top_k_equals_top_k_of_the_product_and_its_first_column_the_argm
         np.testing.assert_array_equal(got, np.asarray(jax.lax.top_k(product, r)[1]))
         np.testing.assert_array_equal(got[:, 0], bq.argmax_chunked(x, 128))
     assert np.asarray(bq.top_k_chunked(x, 3, 128))[0].tolist() == [7, 300, 301]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="host buffers are taken in place on the CPU backend only")
+def test_device_array_takes_an_aligned_host_buffer_in_place_and_copies_anything_else(tmp_path):
+    """A 64-byte aligned numpy array of the wanted dtype (a view of a weights file's memory map) becomes the device
+    array without a copy; a misaligned view or a dtype change is copied, with the same values."""
+    path = tmp_path / "w.bin"
+    np.arange(1024, dtype=np.float32).tofile(path)
+    mapped = np.memmap(path, np.uint8, mode="r")
+    aligned, misaligned = mapped[64:576].view(np.float32), mapped[4:516].view(np.float32)
+    assert aligned.ctypes.data % 64 == 0 and misaligned.ctypes.data % 64 != 0
+    cases = [(aligned, None, True), (aligned, jnp.float32, True), (misaligned, None, False),
+             (aligned, jnp.bfloat16, False), (np.asarray(aligned).tolist(), jnp.float32, False)]
+    for host, dtype, in_place in cases:
+        got = device_array(host, dtype)
+        assert (got.unsafe_buffer_pointer() == aligned.ctypes.data) == in_place
+        want = np.asarray(host, np.float32)
+        np.testing.assert_array_equal(np.asarray(got, np.float32), want.astype(got.dtype).astype(np.float32))

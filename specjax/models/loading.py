@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError
 
@@ -69,8 +70,6 @@ def config_from_json(text: str) -> ModelConfig:
 
 def _convert_gguf(path: Path, sha256: str, folder: Path, progress: Callable[[str], None]) -> None:
     """Writes the float32 weights, the int8 head (if any), the tokenizer and the config of a GGUF into `folder`."""
-    from safetensors.numpy import save_file
-
     # Re-hashed in full: the cache is keyed by this hash, and a remembered one could hide a damaged file.
     if (actual := hash_file(path)) != sha256:
         raise ModelFileError(f"{path} has changed or is damaged: its SHA-256 is {actual}, expected {sha256}; "
@@ -84,10 +83,10 @@ def _convert_gguf(path: Path, sha256: str, folder: Path, progress: Callable[[str
     progress("dequantizing weights")
     weights = weights_from_gguf(reader)
     _check_finite(weights, path)
-    save_file(weights, str(folder / "weights.safetensors"))
+    write_safetensors(weights, folder / "weights.safetensors")
     head = quantized_head_from_gguf(reader, cfg)
     if head is not None:
-        save_file(head, str(folder / "head_quant.safetensors"))
+        write_safetensors(head, folder / "head_quant.safetensors")
     Tokenizer.from_gguf_fields(**tokenizer_fields(reader)).save(folder / "tokenizer")
     (folder / "config.json").write_text(config_to_json(cfg))
 
@@ -101,26 +100,28 @@ def _check_finite(weights: dict[str, np.ndarray], path: Path) -> None:
                                  "replace it (e.g. download it again)")
 
 
-_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-                 "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
+                 "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
 # Alignment XLA:CPU needs to take a host buffer without copying it (jax.device_put(..., may_alias=True)).
 _ALIGN = 64
 
 
-def write_safetensors(arrays: Mapping[str, object], path: Path) -> None:
+def write_safetensors(arrays: Mapping[str, object], path: Path, metadata: dict[str, str] | None = None) -> None:
     """Writes `arrays` (numpy or host-side jax arrays) as a safetensors file, one array at a time, through a
     temporary file renamed into place (a reader never sees half a file). Unlike safetensors' save_file, which
     joins every array into one bytes object first, memory stays at one array's host copy.
 
     The data start 64-byte aligned and the arrays whose sizes are multiples of 64 bytes come first, so each of
     them is 64-byte aligned in the file: `read_safetensors`' views of it can become device arrays in place
-    (`quant.device_array`). The file stays a valid safetensors file (contiguous data, no holes)."""
+    (`quant.device_array`). The file stays a valid safetensors file (contiguous data, no holes); `metadata`
+    goes into its header, as safetensors' own `metadata=`."""
     codes = {np.dtype(t): code for code, t in _NUMPY_DTYPES.items()}
     nbytes = {name: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for name, a in arrays.items()}
     order = sorted(arrays, key=lambda name: nbytes[name] % _ALIGN != 0)  # stable: otherwise as given
-    header, offset = {}, 0
+    header: dict = {} if metadata is None else {"__metadata__": dict(metadata)}
+    offset = 0
     for name in order:
         a = arrays[name]
         header[name] = {"dtype": codes[np.dtype(a.dtype)], "shape": list(a.shape),
@@ -134,23 +135,21 @@ def write_safetensors(arrays: Mapping[str, object], path: Path) -> None:
             f.write(len(text).to_bytes(8, "little") + text)
             for name in order:
                 if arrays[name].size:
-                    f.write(memoryview(np.ascontiguousarray(np.asarray(arrays[name]))).cast("B"))
+                    f.write(np.ascontiguousarray(np.asarray(arrays[name])).reshape(-1).view(np.uint8).data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file as read-only views of one memory map (no copy: build_model's
-    device transfer is the only one; safetensors' load_file copies 1 GB more, ~1.5 s of a start)."""
-    from safetensors.numpy import load_file
-
+    """The tensors of a safetensors file as read-only views of one memory map (no copy: a device array made
+    with `quant.device_array` is those very pages where aligned, else build_model's one copy; safetensors'
+    load_file copies 1 GB more, ~1.5 s of a start). A file cut short or with a damaged header raises
+    ValueError (or OSError)."""
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
     header.pop("__metadata__", None)
-    if any(info["dtype"] not in _NUMPY_DTYPES for info in header.values()):
-        return load_file(str(path))  # e.g. bfloat16, which numpy lacks
     data = np.memmap(path, np.uint8, mode="r", offset=8 + n) if header else None
     return {name: data[info["data_offsets"][0]:info["data_offsets"][1]].view(_NUMPY_DTYPES[info["dtype"]])
             .reshape(info["shape"]) for name, info in header.items()}

@@ -83,10 +83,8 @@ def _row_permutation(reader, name: str):
 
 def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None]) -> None:
     """Writes config.json, tokenizer/ and weights.safetensors of `fmt` into `folder`, one tensor at a time."""
-    from safetensors.numpy import save_file
-
     from specjax.models.gguf_loader import _param_name, config_from_gguf, open_gguf, tokenizer_fields
-    from specjax.models.loading import _check_finite, config_to_json
+    from specjax.models.loading import _check_finite, config_to_json, write_safetensors
     from specjax.models.tokenizer import Tokenizer
 
     progress(f"reading {path.name} for weights={fmt} (first use only; cached afterwards)")
@@ -101,7 +99,7 @@ def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None])
         # (np.isfinite takes bfloat16 as it is: no float32 copy of a whole matrix.)
         _check_finite({k: a for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
         arrays.update(stored)
-    save_file(arrays, str(folder / "weights.safetensors"), metadata={"weights": fmt})
+    write_safetensors(arrays, folder / "weights.safetensors", metadata={"weights": fmt})
     del arrays
     Tokenizer.from_gguf_fields(**tokenizer_fields(reader)).save(folder / "tokenizer")
     (folder / "config.json").write_text(config_to_json(cfg))
@@ -109,7 +107,7 @@ def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None])
 
 def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, source: str = "checkpoint",
                        tiled_file: Path | None = None):
-    """A Transformer from a packed weights.safetensors, moving one stored array at a time to the device.
+    """A Transformer from a packed weights.safetensors, its arrays the file's pages where aligned (`device_array`).
 
     `tiled_file`: matrices found there are taken in the int8 kernel's layout as they were saved
     (`save_tiled`), the rest from `weights_file`.
@@ -118,43 +116,41 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
       WeightsError: names or shapes that do not fit `cfg` (all listed).
     """
     from flax import nnx
-    from safetensors import safe_open
 
     from specjax.models.int8_activations import TiledBlockQuant
     from specjax.models.loading import read_safetensors
     from specjax.models.params import WeightsError, abstract_transformer, param_shapes
-    from specjax.models.quant import BlockQuant
+    from specjax.models.quant import BlockQuant, device_array
 
     expected = param_shapes(cfg, dtype)
     tiled: dict[str, dict[str, np.ndarray]] = {}
     for key, a in (read_safetensors(tiled_file) if tiled_file is not None else {}).items():
         tiled.setdefault(key.split(":")[0], {})[key.split(":")[1]] = a
-    with safe_open(str(weights_file), framework="numpy") as f:
-        keys = set(f.keys())
-        matrices = {k.split(":")[0] for k in keys if ":" in k}
-        plain = keys - {k for k in keys if ":" in k}
-        missing = sorted(set(expected) - matrices - plain)
-        extra = sorted((matrices | plain) - set(expected)) + sorted(set(tiled) - matrices)
-        if missing or extra:
-            raise WeightsError(f"{source} does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
-        graphdef, state = nnx.split(abstract_transformer(cfg, dtype))
-        flat = nnx.to_flat_state(state)
-        for path, var in flat:
-            name = ".".join(map(str, path))
-            # Packed matrices get a scalar placeholder; attach_packed drops it.
-            var.set_value(jnp.asarray(f.get_tensor(name), dtype) if name in plain else jnp.zeros((), dtype))
-        model = nnx.merge(graphdef, nnx.from_flat_state(flat))
-        packed = {}
-        for name in matrices:
-            if name in tiled:
-                bq = TiledBlockQuant(**tiled[name])
-            else:
-                bq = BlockQuant.from_arrays({k: jnp.asarray(f.get_tensor(f"{name}:{k}"))
-                                             for k in ("values", "scale", "offset") if f"{name}:{k}" in keys})
-            want = expected[name][::-1] if name.endswith(".w") else expected[name]
-            if bq.shape != tuple(want):
-                raise WeightsError(f"{source} does not match the model: {name} is {bq.shape}, expected {want}")
-            packed[name] = bq
+    stored = read_safetensors(weights_file)  # views of one memory map: only what is used is read
+    matrices = {k.split(":")[0] for k in stored if ":" in k}
+    plain = {k for k in stored if ":" not in k}
+    missing = sorted(set(expected) - matrices - plain)
+    extra = sorted((matrices | plain) - set(expected)) + sorted(set(tiled) - matrices)
+    if missing or extra:
+        raise WeightsError(f"{source} does not match the model: missing {missing[:8]}, unexpected {extra[:8]}")
+    graphdef, state = nnx.split(abstract_transformer(cfg, dtype))
+    flat = nnx.to_flat_state(state)
+    for path, var in flat:
+        name = ".".join(map(str, path))
+        # Packed matrices get a scalar placeholder; attach_packed drops it.
+        var.set_value(device_array(stored[name], dtype) if name in plain else jnp.zeros((), dtype))
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    packed = {}
+    for name in matrices:
+        if name in tiled:
+            bq = TiledBlockQuant(**tiled[name])
+        else:
+            bq = BlockQuant.from_arrays({k: stored[f"{name}:{k}"] for k in ("values", "scale", "offset")
+                                         if f"{name}:{k}" in stored})
+        want = expected[name][::-1] if name.endswith(".w") else expected[name]
+        if bq.shape != tuple(want):
+            raise WeightsError(f"{source} does not match the model: {name} is {bq.shape}, expected {want}")
+        packed[name] = bq
     attach_packed(model, packed)
     return model
 

@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.config import ModelConfig
+from specjax.models.quant import device_array
 from specjax.models.transformer import Transformer
 
 
@@ -58,7 +59,7 @@ def build_model(
     graphdef, state = nnx.split(abstract_transformer(cfg, dtype))
     flat = nnx.to_flat_state(state)
     for path, var in flat:
-        var.set_value(jnp.asarray(weights[".".join(map(str, path))], dtype=dtype))
+        var.set_value(device_array(weights[".".join(map(str, path))], dtype))  # a cached file's pages, in place
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

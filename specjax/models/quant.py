@@ -41,11 +41,12 @@ class QuantBuffer(nnx.Variable):
 
 
 def device_array(a, dtype=None) -> jax.Array:
-    """`a` as a jax array of `dtype` (default: its own). On the CPU backend a numpy array that already has that
-    dtype and is 64-byte aligned becomes the device array in place: a memory map of a cached weights file
-    (`loading.read_safetensors`) stays file pages, which a start neither copies (a second 1.2 GB of Qwen's
-    memory at load) nor reads before a step touches them. Anything else is copied, as `jnp.asarray` does."""
-    if (isinstance(a, np.ndarray) and (dtype is None or a.dtype == np.dtype(dtype))
+    """`a` as a jax array of `dtype` (default: its own). On the CPU backend a read-only numpy array that already
+    has that dtype and is 64-byte aligned becomes the device array in place: a memory map of a cached weights file
+    (`loading.read_safetensors`) stays file pages, which a start neither copies (a second 1.2 GB of Qwen's memory
+    at load) nor reads before a step touches them. Anything else is copied, as `jnp.asarray` does: a writable
+    array too, since its owner could change it under the model."""
+    if (isinstance(a, np.ndarray) and not a.flags.writeable and (dtype is None or a.dtype == np.dtype(dtype))
             and jax.default_backend() == "cpu"):
         return jax.device_put(a, may_alias=True)
     return jnp.asarray(a, dtype)

@@ -106,8 +106,9 @@ def test_chunked_top_k_equals_top_k_of_the_product_and_its_first_column_the_argm
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="host buffers are taken in place on the CPU backend only")
 def test_device_array_takes_an_aligned_host_buffer_in_place_and_copies_anything_else(tmp_path):
-    """A 64-byte aligned numpy array of the wanted dtype (a view of a weights file's memory map) becomes the device
-    array without a copy; a misaligned view or a dtype change is copied, with the same values."""
+    """A read-only, 64-byte aligned numpy array of the wanted dtype (a view of a weights file's memory map) becomes
+    the device array without a copy; a misaligned view, a dtype change or a writable array is copied, with the
+    same values."""
     path = tmp_path / "w.bin"
     np.arange(1024, dtype=np.float32).tofile(path)
     mapped = np.memmap(path, np.uint8, mode="r")
@@ -115,6 +116,9 @@ def test_device_array_takes_an_aligned_host_buffer_in_place_and_copies_anything_
     assert aligned.ctypes.data % 64 == 0 and misaligned.ctypes.data % 64 != 0
     cases = [(aligned, None, True), (aligned, jnp.float32, True), (misaligned, None, False),
              (aligned, jnp.bfloat16, False), (np.asarray(aligned).tolist(), jnp.float32, False)]
+    writable = np.memmap(path, np.uint8, mode="c")[64:576].view(np.float32)  # copy-on-write: same pages, writable
+    assert writable.ctypes.data % 64 == 0 and writable.flags.writeable
+    assert device_array(writable).unsafe_buffer_pointer() != writable.ctypes.data
     for host, dtype, in_place in cases:
         got = device_array(host, dtype)
         assert (got.unsafe_buffer_pointer() == aligned.ctypes.data) == in_place

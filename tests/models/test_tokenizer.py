@@ -333,6 +333,11 @@ def test_save_load_round_trip(tok, tmp_path):
         tok.bos_id, tok.eos_ids, tok.pad_id, tok.vocab_size, tok.chat_format)
     assert loaded.apply_chat_template([{"role": "user", "content": "x"}]) == tok.apply_chat_template(
         [{"role": "user", "content": "x"}])
+    extras = tmp_path / "cache" / "specjax_tokenizer.json"  # an older save, without the recorded vocabulary size
+    fields = json.loads(extras.read_text())
+    assert fields.pop("vocab_size") == tok.vocab_size
+    extras.write_text(json.dumps(fields))
+    assert Tokenizer.load(tmp_path / "cache").vocab_size == tok.vocab_size
 
 
 @real_model

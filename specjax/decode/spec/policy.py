@@ -154,13 +154,16 @@ def estimated_verify_cost(b: int, k: int, greedy: bool, packed: float = 0.0, ker
     1.5B and Gemma 3 270M q4, greedy and sampled alike, docs/benchmarks.md "Int8 activations"): the float32
     kernel at batch 1 (k + 1 ≤ `BackendProfile.native_max_rows` rows) 1.63-1.85 (k=4) / 2.46-2.85 (k=8),
     modelled as 0.85 + 0.25 k; at batch 8 (72 rows: XLA's blocks) 3.65-5.71 / 5.00-7.67, modelled by the
-    dearer (Qwen) as 3.7 + 0.5 k; the int8 activation kernel (every row count) 1.45-1.50 / 2.02-2.21 at
-    batch 1, modelled as 0.8 + 0.17 k, and 1.98-2.42 / 2.87-3.74 at batch 8, modelled as 1 + 0.34 k.
+    dearer (Qwen) as 3.7 + 0.5 k; the int8 activation kernel (every row count), since the weights are mapped
+    from the cache file (42nd session: the memory-bound plain step 1.2x faster, the compute-bound verify rows
+    not), greedy / sampled: batch 1 Qwen 1.60 / 1.56 (k=4), 2.55 / 2.53 (k=8), Gemma 1.25-1.29 / 1.79-1.90,
+    modelled by the dearer as 0.65 + 0.24 k; batch 8 Qwen 3.08 / 3.00, 5.01 / 4.95, Gemma 2.35-2.50 /
+    3.73-3.85, modelled as 1.16 + 0.48 k (before the mapping: 0.8 + 0.17 k and 1 + 0.34 k).
     """
     if jax.default_backend() != "cpu":
         return 1.0 + k * (0.02 + 0.01 * (b - 1))
     if kernel == "int8":
-        return 0.8 + 0.17 * k if b == 1 else 1.0 + 0.34 * k
+        return 0.65 + 0.24 * k if b == 1 else 1.16 + 0.48 * k
     if kernel == "native":
         return 0.85 + 0.25 * k if b * (k + 1) <= profile_for().native_max_rows else 3.7 + 0.5 * k
     if b == 1:

@@ -149,6 +149,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} has no safetensors header")
     header.pop("__metadata__", None)
     data = np.memmap(path, np.uint8, mode="r", offset=8 + n) if header else None
     return {name: data[info["data_offsets"][0]:info["data_offsets"][1]].view(_NUMPY_DTYPES[info["dtype"]])

@@ -235,3 +235,29 @@ def test_safetensors_written_one_array_at_a_time_read_back_by_both_readers(tmp_p
         for k, a in arrays.items():
             assert got[k].dtype == np.asarray(a).dtype and got[k].shape == np.asarray(a).shape, k
             np.testing.assert_array_equal(got[k], np.asarray(a))
+
+
+@pytest.mark.parametrize("damage", ["cut", "header list", "offsets past the end", "unknown dtype"])
+def test_read_safetensors_refuses_a_damaged_file_with_an_unreadable_error(tmp_path, damage):
+    """What the cache loaders catch (`loading.UNREADABLE`) is what a damaged file raises: they then convert or lay
+    out again instead of failing with a traceback."""
+    path = tmp_path / "x.safetensors"
+    loading.write_safetensors({"a": np.arange(64, dtype=np.float32), "b": np.ones((4, 4), np.int8)}, path)
+    raw = path.read_bytes()
+    start = 8 + int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:start])
+    if damage == "cut":
+        raw = raw[:start + 100]
+    elif damage == "header list":
+        text = json.dumps([1]).encode()
+        raw = len(text).to_bytes(8, "little") + text + raw[start:]
+    else:
+        if damage == "offsets past the end":
+            header["a"]["data_offsets"] = [0, 10_000]
+        else:
+            header["b"]["dtype"] = "F8_E4M3"
+        text = json.dumps(header).encode()
+        raw = len(text).to_bytes(8, "little") + text + raw[start:]
+    path.write_bytes(raw)
+    with pytest.raises(loading.UNREADABLE):
+        loading.read_safetensors(path)

@@ -144,8 +144,8 @@ def write_safetensors(arrays: Mapping[str, object], path: Path, metadata: dict[s
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as read-only views of one memory map (no copy: a device array made
     with `quant.device_array` is those very pages where aligned, else build_model's one copy; safetensors'
-    load_file copies 1 GB more, ~1.5 s of a start). A file cut short or with a damaged header raises
-    ValueError (or OSError)."""
+    load_file copies 1 GB more, ~1.5 s of a start). A file cut short or with a damaged header raises one of
+    `UNREADABLE` (ValueError, KeyError, OSError)."""
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))

@@ -117,15 +117,12 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
     """
     from flax import nnx
 
-    from specjax.models.int8_activations import TiledBlockQuant
     from specjax.models.loading import read_safetensors
     from specjax.models.params import WeightsError, abstract_transformer, param_shapes
     from specjax.models.quant import BlockQuant, device_array
 
     expected = param_shapes(cfg, dtype)
-    tiled: dict[str, dict[str, np.ndarray]] = {}
-    for key, a in (read_safetensors(tiled_file) if tiled_file is not None else {}).items():
-        tiled.setdefault(key.split(":")[0], {})[key.split(":")[1]] = a
+    tiled = read_tiled(tiled_file) if tiled_file is not None else {}
     stored = read_safetensors(weights_file)  # views of one memory map: only what is used is read
     matrices = {k.split(":")[0] for k in stored if ":" in k}
     plain = {k for k in stored if ":" not in k}
@@ -143,7 +140,7 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
     packed = {}
     for name in matrices:
         if name in tiled:
-            bq = TiledBlockQuant(**tiled[name])
+            bq = tiled[name]
         else:
             bq = BlockQuant.from_arrays({k: stored[f"{name}:{k}"] for k in ("values", "scale", "offset")
                                          if f"{name}:{k}" in stored})
@@ -160,6 +157,19 @@ def tiled_file(folder: Path) -> Path:
     from specjax.models.tile_layout import LAYOUT_VERSION
 
     return folder / f"tiled-{LAYOUT_VERSION}.safetensors"
+
+
+def read_tiled(file: Path) -> dict:
+    """The matrices `save_tiled` wrote, by params.py name, as `TiledBlockQuant`s whose arrays are the file's pages
+    (`quant.device_array`)."""
+    from specjax.models.int8_activations import TiledBlockQuant
+    from specjax.models.loading import read_safetensors
+
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    for key, a in read_safetensors(file).items():
+        name, part = key.split(":")
+        parts.setdefault(name, {})[part] = a
+    return {name: TiledBlockQuant(**arrays) for name, arrays in parts.items()}
 
 
 def save_tiled(model, file: Path) -> None:
@@ -240,9 +250,8 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
             _drop_other_layouts(layout)
         except OSError as e:  # a full disk costs the next start 2 s, not this run
             warn(f"could not cache the int8 layout in {layout} ({e})")
-        else:  # this run too reads the matrices from the file's pages, as every later start does
-            del model
-            return build_packed_model(cfg, weights, dtype, source, layout)
+        else:  # this run too multiplies the file's pages, as every later start does (the laid-out copies go)
+            attach_packed(model, read_tiled(layout))
     return model
 
 

@@ -25,6 +25,8 @@ layout, so any other use stays correct.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -38,8 +40,8 @@ from specjax.models.tile_layout import LANES, kernel_block, tile_arrays, untile_
 from specjax.models.transformer import Attention
 from specjax.models.weight_formats import attach_packed
 
-__all__ = ["ACTIVATION_CHOICES", "TiledBlockQuant", "check", "fixed_order_reductions", "resolve", "tile_model",
-           "tileable"]
+__all__ = ["ACTIVATION_CHOICES", "TiledBlockQuant", "check", "fixed_order_reductions", "laid_out", "resolve",
+           "tile_model", "tileable"]
 
 ACTIVATION_CHOICES = ("auto", "float32", "int8")
 
@@ -79,6 +81,7 @@ class TiledBlockQuant(BlockQuant):
     """
 
     tiled = True
+    PARTS = ("values", "scale", "offset", "scale_super", "offset_super")  # `arrays`' keys, as far as present
 
     def __init__(self, values, scale, offset=None, scale_super=None, offset_super=None):
         as_buffer = lambda a: None if a is None else QuantBuffer(device_array(a))
@@ -99,8 +102,7 @@ class TiledBlockQuant(BlockQuant):
 
     def arrays(self) -> dict[str, jax.Array]:
         """The stored arrays by constructor argument name (what `TiledBlockQuant(**arrays)` takes back)."""
-        names = ("values", "scale", "offset", "scale_super", "offset_super")
-        return {k: a for k, a in zip(names, self._parts(), strict=True) if a is not None}
+        return {k: a for k, a in zip(self.PARTS, self._parts(), strict=True) if a is not None}
 
     def _row_major(self, values, scale, offset, scale_super=None, offset_super=None) -> BlockQuant:
         off = None if offset is None else untile_blocks(offset, offset_super)
@@ -145,6 +147,25 @@ def tileable(packed: BlockQuant) -> bool:
     return packed.scale is not None and kernel_block(out, width, packed.n_blocks, q4) is not None
 
 
+def laid_out(matrices: MutableMapping[str, BlockQuant], compact: bool = True, progress=lambda s: None
+             ) -> Iterator[tuple[str, TiledBlockQuant]]:
+    """Each matrix of `matrices` (packed, by params.py name) that the int8 kernel takes, laid out for it, one at
+    a time and taken out of `matrices` as it comes: a caller that keeps none holds one layout at a time
+    (`packed_cache.lay_out` writes each to the cache file, `tile_model` puts each in the model, freeing the
+    one it replaces). Matrices laid out already come as they are; the others (bfloat16, rows not a multiple
+    of 16) are skipped. `compact` as in `tile_model`; `progress` hears one line when there is work."""
+    told = False
+    for name in list(matrices):
+        packed = matrices.pop(name)
+        if isinstance(packed, TiledBlockQuant):
+            yield name, packed
+        elif tileable(packed):
+            if not told:
+                progress("laying out matrices for int8 activations")
+                told = True
+            yield name, TiledBlockQuant.from_block_quant(packed, compact)
+
+
 def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     """Re-lays the packed matrices of `model` (linear maps, embedding, head) for the int8 activation kernel,
     in place, and returns how many are laid out for it (including any that already were: a model loaded from
@@ -155,25 +176,13 @@ def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     there is work to do."""
     from specjax.models.weight_formats import iter_linears, packed_matrices
 
-    done: dict[int, BlockQuant] = {}
-
-    def tiled(packed):
-        if packed is None or not (isinstance(packed, TiledBlockQuant) or tileable(packed)):
-            return packed
-        if id(packed) not in done:
-            if not done and not isinstance(packed, TiledBlockQuant):
-                progress("laying out matrices for int8 activations")
-            done[id(packed)] = packed if isinstance(packed, TiledBlockQuant) else (
-                TiledBlockQuant.from_block_quant(packed, compact))
-        return done[id(packed)]
-
-    linears = dict(iter_linears(model))
-    current = {"embed": lambda: model.embed_packed, "head": lambda: model.head_quant}
-    for name in list(packed_matrices(model)):  # one at a time: a replaced matrix is freed before the next is laid out
-        attach_packed(model, {name: tiled(current[name]() if name in current else linears[name].packed)}, linears)
-    if done:
+    linears, count = dict(iter_linears(model)), 0
+    for name, tiled in laid_out(packed_matrices(model), compact, progress):  # the one replaced is freed
+        attach_packed(model, {name: tiled}, linears)
+        count += 1
+    if count:
         fixed_order_reductions(model)
-    return len(done)
+    return count
 
 
 def fixed_order_reductions(model) -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError
 
@@ -33,6 +31,7 @@ from specjax.models.gguf_loader import (
 )
 from specjax.models.params import WeightsError, build_model
 from specjax.models.quant import BlockQuant
+from specjax.models.safetensors_io import read_safetensors, write_safetensors
 from specjax.models.tokenizer import Tokenizer, TokenizerError
 from specjax.models.transformer import Transformer
 from specjax.models.weight_formats import pack_model, resolve_weights
@@ -98,63 +97,6 @@ def _check_finite(weights: dict[str, np.ndarray], path: Path) -> None:
         if not np.isfinite(w).all():
             raise ModelFileError(f"{path}: tensor {name} holds NaN or infinite values, so the file is damaged; "
                                  "replace it (e.g. download it again)")
-
-
-_NUMPY_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
-                 "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-
-# Alignment XLA:CPU needs to take a host buffer without copying it (jax.device_put(..., may_alias=True)).
-_ALIGN = 64
-
-
-def write_safetensors(arrays: Mapping[str, object], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """Writes `arrays` (numpy or host-side jax arrays) as a safetensors file, one array at a time, through a
-    temporary file renamed into place (a reader never sees half a file). Unlike safetensors' save_file, which
-    joins every array into one bytes object first, memory stays at one array's host copy.
-
-    The data start 64-byte aligned and the arrays whose sizes are multiples of 64 bytes come first, so each of
-    them is 64-byte aligned in the file: `read_safetensors`' views of it can become device arrays in place
-    (`quant.device_array`). The file stays a valid safetensors file (contiguous data, no holes); `metadata`
-    goes into its header, as safetensors' own `metadata=`."""
-    codes = {np.dtype(t): code for code, t in _NUMPY_DTYPES.items()}
-    nbytes = {name: int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for name, a in arrays.items()}
-    order = sorted(arrays, key=lambda name: nbytes[name] % _ALIGN != 0)  # stable: otherwise as given
-    header: dict = {} if metadata is None else {"__metadata__": dict(metadata)}
-    offset = 0
-    for name in order:
-        a = arrays[name]
-        header[name] = {"dtype": codes[np.dtype(a.dtype)], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + nbytes[name]]}
-        offset += nbytes[name]
-    text = json.dumps(header).encode()
-    text += b" " * (-(8 + len(text)) % _ALIGN)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(len(text).to_bytes(8, "little") + text)
-            for name in order:
-                if arrays[name].size:
-                    f.write(np.ascontiguousarray(np.asarray(arrays[name])).reshape(-1).view(np.uint8).data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors file as read-only views of one memory map (no copy: a device array made
-    with `quant.device_array` is those very pages where aligned, else build_model's one copy; safetensors'
-    load_file copies 1 GB more, ~1.5 s of a start). A file cut short or with a damaged header raises one of
-    `UNREADABLE` (ValueError, KeyError, OSError)."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    if not isinstance(header, dict):
-        raise ValueError(f"{path} has no safetensors header")
-    header.pop("__metadata__", None)
-    data = np.memmap(path, np.uint8, mode="r", offset=8 + n) if header else None
-    return {name: data[info["data_offsets"][0]:info["data_offsets"][1]].view(_NUMPY_DTYPES[info["dtype"]])
-            .reshape(info["shape"]) for name, info in header.items()}
 
 
 def _read_converted(folder: Path, dtype, source: str) -> tuple[Transformer, Tokenizer]:

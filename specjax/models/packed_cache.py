@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.config import ModelConfig
-from specjax.models.weight_formats import attach_packed, is_matrix, pack_matrix, packed_matrices
+from specjax.models.weight_formats import attach_packed, is_matrix, pack_matrix
 
 PACKED_VERSION = "1"
 ROW_SLICE = 16_384
@@ -84,23 +84,28 @@ def _row_permutation(reader, name: str):
 def convert(path: Path, fmt: str, folder: Path, progress: Callable[[str], None]) -> None:
     """Writes config.json, tokenizer/ and weights.safetensors of `fmt` into `folder`, one tensor at a time."""
     from specjax.models.gguf_loader import _param_name, config_from_gguf, open_gguf, tokenizer_fields
-    from specjax.models.loading import _check_finite, config_to_json, write_safetensors
+    from specjax.models.loading import _check_finite, config_to_json
+    from specjax.models.safetensors_io import SafetensorsWriter, release_pages
     from specjax.models.tokenizer import Tokenizer
 
     progress(f"reading {path.name} for weights={fmt} (first use only; cached afterwards)")
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, path)
-    arrays: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        name = _param_name(t.name)
-        stored = tensor_arrays(t, name, fmt, _row_permutation(reader, name))
-        # Garbage in a GGUF's data shows up as NaN / inf in the float arrays (a block's scale, a norm), as in
-        # the float32 conversion: refused, not decoded into empty or wrong text.
-        # (np.isfinite takes bfloat16 as it is: no float32 copy of a whole matrix.)
-        _check_finite({k: a for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
-        arrays.update(stored)
-    write_safetensors(arrays, folder / "weights.safetensors", metadata={"weights": fmt})
-    del arrays
+    names = {t.name: _param_name(t.name) for t in reader.tensors}
+    keys = [f"{n}:{part}" if is_matrix(n) else n for n in names.values()
+            for part in (("values", "scale", "offset") if is_matrix(n) else ("",))]
+    # Written as converted: one tensor's arrays in memory at a time (the file's pages aside).
+    with SafetensorsWriter(folder / "weights.safetensors", keys, metadata={"weights": fmt}) as f:
+        for t in reader.tensors:
+            name = names[t.name]
+            stored = tensor_arrays(t, name, fmt, _row_permutation(reader, name))
+            # Garbage in a GGUF's data shows up as NaN / inf in the float arrays (a block's scale, a norm), as
+            # in the float32 conversion: refused, not decoded into empty or wrong text.
+            # (np.isfinite takes bfloat16 as it is: no float32 copy of a whole matrix.)
+            _check_finite({k: a for k, a in stored.items() if a.dtype.kind not in "iub"}, path)
+            for key, a in stored.items():
+                f.add(key, a)
+            release_pages([t.data])  # the GGUF's pages of this tensor: read once
     Tokenizer.from_gguf_fields(**tokenizer_fields(reader)).save(folder / "tokenizer")
     (folder / "config.json").write_text(config_to_json(cfg))
 
@@ -117,9 +122,9 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
     """
     from flax import nnx
 
-    from specjax.models.loading import read_safetensors
     from specjax.models.params import WeightsError, abstract_transformer, param_shapes
     from specjax.models.quant import BlockQuant, device_array
+    from specjax.models.safetensors_io import read_safetensors
 
     expected = param_shapes(cfg, dtype)
     tiled = read_tiled(tiled_file) if tiled_file is not None else {}
@@ -160,10 +165,10 @@ def tiled_file(folder: Path) -> Path:
 
 
 def read_tiled(file: Path) -> dict:
-    """The matrices `save_tiled` wrote, by params.py name, as `TiledBlockQuant`s whose arrays are the file's pages
+    """The matrices `lay_out` wrote, by params.py name, as `TiledBlockQuant`s whose arrays are the file's pages
     (`quant.device_array`)."""
     from specjax.models.int8_activations import TiledBlockQuant
-    from specjax.models.loading import read_safetensors
+    from specjax.models.safetensors_io import read_safetensors
 
     parts: dict[str, dict[str, np.ndarray]] = {}
     for key, a in read_safetensors(file).items():
@@ -172,14 +177,37 @@ def read_tiled(file: Path) -> dict:
     return {name: TiledBlockQuant(**arrays) for name, arrays in parts.items()}
 
 
-def save_tiled(model, file: Path) -> None:
-    """Writes `model`'s matrices that are in the int8 kernel's layout to `file` (what `build_packed_model`'s
-    `tiled_file` reads), one array at a time."""
-    from specjax.models.int8_activations import TiledBlockQuant
-    from specjax.models.loading import write_safetensors
+def lay_out(weights_file: Path, file: Path, progress: Callable[[str], None] = lambda s: None) -> int:
+    """Writes the matrices of a packed weights.safetensors that the int8 kernel takes, laid out for it
+    (`int8_activations.laid_out`), to `file` (what `build_packed_model`'s `tiled_file` reads), file to file:
+    one layout in memory at a time, and the pages of each source matrix handed back once it is written (a
+    pass over Qwen's 1.5 GB file would otherwise stay resident). Returns how many were written (none: no
+    file).
 
-    write_safetensors({f"{name}:{part}": a for name, bq in packed_matrices(model).items()
-                       if isinstance(bq, TiledBlockQuant) for part, a in bq.arrays().items()}, file)
+    Raises:
+      OSError: the file could not be written (nothing is left behind); errors of `loading.UNREADABLE` for a
+        damaged `weights_file`.
+    """
+    from specjax.models.int8_activations import TiledBlockQuant, laid_out, tileable
+    from specjax.models.quant import BlockQuant
+    from specjax.models.safetensors_io import SafetensorsWriter, read_safetensors, release_pages
+
+    stored = read_safetensors(weights_file)
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    for key, a in stored.items():
+        if ":" in key:
+            name, part = key.split(":")
+            parts.setdefault(name, {})[part] = a
+    matrices = {name: bq for name, arrays in parts.items() if tileable(bq := BlockQuant.from_arrays(arrays))}
+    count = len(matrices)
+    if not count:
+        return 0
+    with SafetensorsWriter(file, [f"{name}:{part}" for name in matrices for part in TiledBlockQuant.PARTS]) as f:
+        for name, tiled in laid_out(matrices, progress=progress):
+            for part, a in tiled.arrays().items():
+                f.add(f"{name}:{part}", a)
+            release_pages(parts[name].values())
+    return count
 
 
 def load_packed_gguf(path: Path, sha256: str, fmt: str, dtype, progress: Callable[[str], None],
@@ -231,7 +259,6 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
     (`quant.device_array`): no second copy in memory, and steps 1.2× faster than from a copy (docs/performance.md,
     "Weights mapped from the cache")."""
     from specjax.models.artifacts import warn
-    from specjax.models.int8_activations import tile_model
     from specjax.models.loading import UNREADABLE
 
     weights, layout = folder / "weights.safetensors", tiled_file(folder)
@@ -243,16 +270,16 @@ def _packed_model(cfg: ModelConfig, folder: Path, dtype, source: str, tiled: boo
         except UNREADABLE as e:  # a damaged or stale file: lay out again
             warn(f"the cached int8 layout {layout} is unreadable ({type(e).__name__}: {e}); laying out again")
             layout.unlink(missing_ok=True)
-    model = build_packed_model(cfg, weights, dtype, source)
-    if tiled and tile_model(model, progress=progress):
+    if tiled:
         try:
-            save_tiled(model, layout)
-            _drop_other_layouts(layout)
-        except OSError as e:  # a full disk costs the next start 2 s, not this run
+            written = lay_out(weights, layout, progress)
+        except OSError as e:  # a full disk costs the next start 2 s, not this run (load_model lays out in memory)
             warn(f"could not cache the int8 layout in {layout} ({e})")
-        else:  # this run too multiplies the file's pages, as every later start does (the laid-out copies go)
-            attach_packed(model, read_tiled(layout))
-    return model
+        else:
+            if written:  # this run too maps the file it wrote, as every later start does
+                _drop_other_layouts(layout)
+                return build_packed_model(cfg, weights, dtype, source, layout)
+    return build_packed_model(cfg, weights, dtype, source)
 
 
 def _drop_other_layouts(layout: Path) -> None:

@@ -283,13 +283,18 @@ def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path
         lines.clear()
         second, tok = loading.load_model(str(path), weights="q4", activations="int8", progress=lines.append)
     assert not any("laying out" in line for line in lines), lines
-    a, b = weight_formats.packed_matrices(first), weight_formats.packed_matrices(second)
-    assert a.keys() == b.keys() and any(isinstance(m, TiledBlockQuant) for m in b.values())
-    for name in a:
-        assert type(a[name]) is type(b[name]), name
-        for x, y in zip(jax.tree.leaves(nnx.state(a[name])), jax.tree.leaves(nnx.state(b[name])), strict=True):
-            assert x.dtype == y.dtype
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+    # The file (laid out file to file) holds what laying out the loaded model in memory gives.
+    in_memory, _ = loading.load_model(str(path), weights="q4", activations="float32")
+    assert int8_activations.tile_model(in_memory) > 0
+    a = weight_formats.packed_matrices(first)
+    for other in (second, in_memory):
+        b = weight_formats.packed_matrices(other)
+        assert a.keys() == b.keys() and any(isinstance(m, TiledBlockQuant) for m in b.values())
+        for name in a:
+            assert type(a[name]) is type(b[name]), name
+            for x, y in zip(jax.tree.leaves(nnx.state(a[name])), jax.tree.leaves(nnx.state(b[name])), strict=True):
+                assert x.dtype == y.dtype
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
     # Both loads take the matrices as the file's pages (the first after writing it); decoding keeps them there.
     Generator(second, tok).generate(["ab"], GenerateConfig(max_new_tokens=2))
     for model in (first, second):

@@ -208,12 +208,30 @@ def _param_name(gguf_name: str) -> str:
     return name.removesuffix(".w") + ".b" if kind == "bias" else name
 
 
-def weights_from_gguf(reader) -> dict[str, np.ndarray]:
-    """Dequantizes every tensor to float32 in specjax's layout (linear maps as [in, out]).
+# Rows dequantized at once: gguf's dequantization makes several float32 temporaries the size of its input, so a
+# 262,144-row embedding done whole peaked at 1 GB more than its result.
+ROW_SLICE = 16_384
 
-    Llama-architecture Q/K rows are put back in Hugging Face's order (see `unpermute_qk_rows`).
-    """
-    return {name: np.asarray(lazy) for name, lazy in lazy_weights_from_gguf(reader).items()}
+
+class RowSlice:
+    """The rows [r0, r1) of a gguf ReaderTensor, as `quant.block_quant_from_gguf` reads one."""
+
+    def __init__(self, tensor, r0: int, r1: int):
+        self.tensor_type, self.data = tensor.tensor_type, tensor.data[r0:r1]
+
+
+def dequantize_rows(data: np.ndarray, tensor_type) -> np.ndarray:
+    """gguf's float32 dequantization of a tensor's data, `ROW_SLICE` rows at a time into one output array."""
+    import gguf
+
+    if data.ndim != 2 or data.shape[0] <= ROW_SLICE:
+        return np.asarray(gguf.quants.dequantize(data, tensor_type), dtype=np.float32)
+    first = np.asarray(gguf.quants.dequantize(data[:ROW_SLICE], tensor_type), dtype=np.float32)
+    out = np.empty((data.shape[0], *first.shape[1:]), np.float32)
+    out[:ROW_SLICE] = first
+    for r0 in range(ROW_SLICE, data.shape[0], ROW_SLICE):
+        out[r0:r0 + ROW_SLICE] = gguf.quants.dequantize(data[r0:r0 + ROW_SLICE], tensor_type)
+    return out
 
 
 class LazyTensor:
@@ -229,10 +247,9 @@ class LazyTensor:
         self.shape = dims if self.name.endswith(".w") else dims[::-1]
 
     def __array__(self, dtype=None, copy=None):
-        import gguf
 
         t = self._tensor
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w = dequantize_rows(t.data, t.tensor_type)
         module = self.name.rsplit(".", 1)[0].split(".", 2)[-1] if self.name.startswith("blocks.") else ""
         if self._arch == "llama" and module in self._heads:
             w = unpermute_qk_rows(w, self._heads[module])
@@ -257,7 +274,15 @@ def quantized_head_from_gguf(reader, cfg: ModelConfig) -> dict[str, np.ndarray] 
 
     name = "token_embd.weight" if cfg.tie_embeddings else "output.weight"
     tensor = next((t for t in reader.tensors if t.name == name), None)
-    return None if tensor is None else block_quant_from_gguf(tensor)
+    if tensor is None:
+        return None
+    parts = []  # ROW_SLICE rows at a time: float32 temporaries of one slice (the whole head's were 2.7 GB for Gemma)
+    for r0 in range(0, int(tensor.data.shape[0]), ROW_SLICE):
+        part = block_quant_from_gguf(RowSlice(tensor, r0, r0 + ROW_SLICE))
+        if part is None:
+            return None
+        parts.append(part)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def tokenizer_fields(reader) -> dict[str, Any]:

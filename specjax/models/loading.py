@@ -24,14 +24,14 @@ from specjax.models.config import ConfigError, ModelConfig, resolve_dtype
 from specjax.models.gguf_loader import (
     ModelFileError,
     config_from_gguf,
+    lazy_weights_from_gguf,
     open_gguf,
     quantized_head_from_gguf,
     tokenizer_fields,
-    weights_from_gguf,
 )
 from specjax.models.params import WeightsError, build_model
 from specjax.models.quant import BlockQuant
-from specjax.models.safetensors_io import read_safetensors, write_safetensors
+from specjax.models.safetensors_io import SafetensorsWriter, read_safetensors, release_pages, write_safetensors
 from specjax.models.tokenizer import Tokenizer, TokenizerError
 from specjax.models.transformer import Transformer
 from specjax.models.weight_formats import pack_model, resolve_weights
@@ -80,9 +80,14 @@ def _convert_gguf(path: Path, sha256: str, folder: Path, progress: Callable[[str
         raise ModelFileError(f"{e}; if it is a partial download or damaged, replace it") from None
     cfg = config_from_gguf(reader, path)
     progress("dequantizing weights")
-    weights = weights_from_gguf(reader)
-    _check_finite(weights, path)
-    write_safetensors(weights, folder / "weights.safetensors")
+    lazy = lazy_weights_from_gguf(reader)
+    # One float32 tensor in memory at a time (Qwen's are 6.2 GB together), the GGUF's pages handed back as read.
+    with SafetensorsWriter(folder / "weights.safetensors", lazy) as f:
+        for (name, tensor), source in zip(lazy.items(), reader.tensors, strict=True):
+            w = np.asarray(tensor)
+            _check_finite({name: w}, path)
+            f.add(name, w)
+            release_pages([source.data])
     head = quantized_head_from_gguf(reader, cfg)
     if head is not None:
         write_safetensors(head, folder / "head_quant.safetensors")

@@ -21,17 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.config import ModelConfig
+from specjax.models.gguf_loader import ROW_SLICE, RowSlice
 from specjax.models.weight_formats import attach_packed, is_matrix, pack_matrix
 
 PACKED_VERSION = "1"
-ROW_SLICE = 16_384
-
-
-class _RowSlice:
-    """The rows [r0, r1) of a gguf ReaderTensor (what quant.block_quant_from_gguf reads)."""
-
-    def __init__(self, tensor, r0: int, r1: int):
-        self.tensor_type, self.data = tensor.tensor_type, tensor.data[r0:r1]
 
 
 def tensor_arrays(tensor, name: str, fmt: str, row_perm: Callable[[np.ndarray], np.ndarray] | None = None
@@ -53,7 +46,7 @@ def tensor_arrays(tensor, name: str, fmt: str, row_perm: Callable[[np.ndarray], 
     out_dim = int(tensor.data.shape[0])
     slices = []
     for r0 in range(0, out_dim, ROW_SLICE):
-        part = _RowSlice(tensor, r0, min(r0 + ROW_SLICE, out_dim))
+        part = RowSlice(tensor, r0, min(r0 + ROW_SLICE, out_dim))
         slices.append(pack_matrix(np.asarray(gguf.quants.dequantize(part.data, part.tensor_type), np.float32),
                                   fmt, part))
     forms = {tuple((k, a.dtype, a.shape[1:]) for k, a in sorted(d.items())) for d in slices}

@@ -228,3 +228,30 @@ def test_real_gemma3_270m_config(real_config):
     assert cfg.norm_eps == pytest.approx(1e-6)
     assert cfg.qk_norm and cfg.sandwich_norms and cfg.embed_scale and cfg.activation == "gelu_tanh"
     assert cfg.replace(norm_eps=1e-6) == gemma3_270m()  # the abstract config used elsewhere agrees
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "F16"])
+def test_row_sliced_dequantization_and_head_copy_equal_the_whole_tensor(monkeypatch, qtype):
+    """The float32 conversion dequantizes, and the int8 head copy is recovered, `ROW_SLICE` rows at a time (the
+    whole of Gemma's 262,144-row embedding at once peaked at 2.7 GB more): the same arrays as the whole tensor."""
+    from types import SimpleNamespace
+
+    import gguf
+
+    from specjax.models import gguf_loader
+    from specjax.models.quant import block_quant_from_gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = np.random.default_rng(0).standard_normal((37, 64)).astype(np.float32)
+    tensor = SimpleNamespace(name="output.weight", tensor_type=kind, data=gguf.quants.quantize(w, kind))
+    whole = np.asarray(gguf.quants.dequantize(tensor.data, kind), np.float32)
+    monkeypatch.setattr(gguf_loader, "ROW_SLICE", 8)  # 37 rows: four whole slices and a short one
+    np.testing.assert_array_equal(gguf_loader.dequantize_rows(tensor.data, kind), whole)
+    reader, cfg = SimpleNamespace(tensors=[tensor]), SimpleNamespace(tie_embeddings=False)
+    head, want = gguf_loader.quantized_head_from_gguf(reader, cfg), block_quant_from_gguf(tensor)
+    if qtype == "F16":  # no exact int8 form, sliced or not
+        assert head is None and want is None
+    else:
+        assert head.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(head[k], want[k])

@@ -202,8 +202,8 @@ class Generator:
         return [self.tokenizer.encode(p) for p in prompts]
 
     def _stop_tables(self, stop: tuple[str, ...]) -> StopTables | None:
-        if stop not in self._stops:
-            self._stops[stop] = build_stop_tables(stop, self.tokenizer.token_bytes())
+        if stop not in self._stops:  # no stop strings, no vocabulary walk (0.5 s of every Gemma start)
+            self._stops[stop] = build_stop_tables(stop, self.tokenizer.token_bytes()) if any(stop) else None
         return self._stops[stop]
 
     def _grammar_tables(self, spec: GrammarSpec, progress):

@@ -25,7 +25,7 @@ layout, so any other use stays correct.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -147,16 +147,15 @@ def tileable(packed: BlockQuant) -> bool:
     return packed.scale is not None and kernel_block(out, width, packed.n_blocks, q4) is not None
 
 
-def laid_out(matrices: MutableMapping[str, BlockQuant], compact: bool = True, progress=lambda s: None
+def laid_out(matrices: Iterable[tuple[str, BlockQuant]], compact: bool = True, progress=lambda s: None
              ) -> Iterator[tuple[str, TiledBlockQuant]]:
-    """Each matrix of `matrices` (packed, by params.py name) that the int8 kernel takes, laid out for it, one at
-    a time and taken out of `matrices` as it comes: a caller that keeps none holds one layout at a time
+    """Each (name, packed matrix) of `matrices` that the int8 kernel takes, laid out for it, one at a time: with
+    matrices that come one at a time too and a caller that keeps none, one layout is in memory at a time
     (`packed_cache.lay_out` writes each to the cache file, `tile_model` puts each in the model, freeing the
     one it replaces). Matrices laid out already come as they are; the others (bfloat16, rows not a multiple
     of 16) are skipped. `compact` as in `tile_model`; `progress` hears one line when there is work."""
     told = False
-    for name in list(matrices):
-        packed = matrices.pop(name)
+    for name, packed in matrices:
         if isinstance(packed, TiledBlockQuant):
             yield name, packed
         elif tileable(packed):
@@ -164,6 +163,12 @@ def laid_out(matrices: MutableMapping[str, BlockQuant], compact: bool = True, pr
                 progress("laying out matrices for int8 activations")
                 told = True
             yield name, TiledBlockQuant.from_block_quant(packed, compact)
+
+
+def _popped(matrices: dict) -> Iterator[tuple[str, BlockQuant]]:
+    """The items of `matrices`, each taken out as it comes (so the dict does not keep a replaced one alive)."""
+    for name in list(matrices):
+        yield name, matrices.pop(name)
 
 
 def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
@@ -177,7 +182,7 @@ def tile_model(model, compact: bool = True, progress=lambda s: None) -> int:
     from specjax.models.weight_formats import iter_linears, packed_matrices
 
     linears, count = dict(iter_linears(model)), 0
-    for name, tiled in laid_out(packed_matrices(model), compact, progress):  # the one replaced is freed
+    for name, tiled in laid_out(_popped(packed_matrices(model)), compact, progress):  # the one replaced is freed
         attach_packed(model, {name: tiled}, linears)
         count += 1
     if count:

@@ -181,7 +181,7 @@ def lay_out(weights_file: Path, file: Path, progress: Callable[[str], None] = la
       OSError: the file could not be written (nothing is left behind); errors of `loading.UNREADABLE` for a
         damaged `weights_file`.
     """
-    from specjax.models.int8_activations import TiledBlockQuant, laid_out, tileable
+    from specjax.models.int8_activations import TiledBlockQuant, laid_out
     from specjax.models.quant import BlockQuant
     from specjax.models.safetensors_io import SafetensorsWriter, read_safetensors, release_pages
 
@@ -191,15 +191,17 @@ def lay_out(weights_file: Path, file: Path, progress: Callable[[str], None] = la
         if ":" in key:
             name, part = key.split(":")
             parts.setdefault(name, {})[part] = a
-    matrices = {name: bq for name, arrays in parts.items() if tileable(bq := BlockQuant.from_arrays(arrays))}
-    count = len(matrices)
-    if not count:
-        return 0
-    with SafetensorsWriter(file, [f"{name}:{part}" for name in matrices for part in TiledBlockQuant.PARTS]) as f:
+    # Each matrix made when its turn comes (a misaligned file's arrays are copies), written, then let go.
+    matrices = ((name, BlockQuant.from_arrays(arrays)) for name, arrays in parts.items())
+    count = 0
+    with SafetensorsWriter(file, [f"{name}:{part}" for name in parts for part in TiledBlockQuant.PARTS]) as f:
         for name, tiled in laid_out(matrices, progress=progress):
             for part, a in tiled.arrays().items():
                 f.add(f"{name}:{part}", a)
             release_pages(parts[name].values())
+            count += 1
+        if not count:  # no matrix the kernel takes: no file
+            f.discard()
     return count
 
 

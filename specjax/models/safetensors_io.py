@@ -49,7 +49,8 @@ class SafetensorsWriter:
       metadata: strings for the header's ``__metadata__``, as safetensors' own `metadata=`.
 
     `add` writes an array whose size is a multiple of 64 bytes at once (64-byte aligned) and keeps a
-    reference to any other until the end, where they are written after the aligned ones.
+    reference to any other until the end, where they are written after the aligned ones. `discard` drops the
+    file instead (its temporary is removed when the block ends).
     """
 
     def __init__(self, path: Path, keys: Iterable[str], metadata: Mapping[str, str] | None = None):
@@ -63,6 +64,7 @@ class SafetensorsWriter:
         self._offset = 0
         self._tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
         self._file = None
+        self._keep = True
 
     def __enter__(self) -> SafetensorsWriter:
         self._file = open(self._tmp, "wb")
@@ -85,6 +87,10 @@ class SafetensorsWriter:
         else:
             self._write(key, a)
 
+    def discard(self) -> None:
+        """Writes nothing: the file is neither created nor replaced when the `with` block ends."""
+        self._keep = False
+
     def _write(self, key: str, a: np.ndarray) -> None:
         self._header[key] = {"dtype": _CODES[a.dtype], "shape": list(a.shape),
                              "data_offsets": [self._offset, self._offset + a.nbytes]}
@@ -94,7 +100,7 @@ class SafetensorsWriter:
 
     def __exit__(self, kind, error, trace) -> None:
         try:
-            if kind is None:
+            if kind is None and self._keep:
                 for key, a in self._held:
                     self._write(key, a)
                 self._held.clear()
@@ -105,7 +111,7 @@ class SafetensorsWriter:
                 self._file.seek(0)
                 self._file.write(room.to_bytes(8, "little") + text + b" " * (room - len(text)))
             self._file.close()
-            if kind is None:
+            if kind is None and self._keep:
                 os.replace(self._tmp, self.path)
         finally:
             self._file.close()

@@ -317,6 +317,21 @@ def test_the_int8_layout_is_cached_and_a_damaged_copy_is_laid_out_again(tmp_path
     assert saved.stat().st_size > 100  # replaced by a whole file
 
 
+def test_a_format_the_kernel_cannot_take_is_not_laid_out_into_a_file(tmp_path, monkeypatch):
+    """`packed_cache.lay_out` over bfloat16 matrices (the kernel takes none): nothing written, no file left."""
+    from tiny_gguf import Tiny, write_tiny_gguf
+
+    from specjax.models import loading, packed_cache
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    path, _ = write_tiny_gguf(tmp_path / "tiny.gguf", Tiny())
+    loading.load_model(str(path), weights="bfloat16", activations="float32")
+    (folder,) = (tmp_path / "cache").glob("gguf-packed-*-bfloat16")
+    before = sorted(p.name for p in folder.iterdir())
+    assert packed_cache.lay_out(folder / "weights.safetensors", folder / "tiled.safetensors") == 0
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
 def _in_mapping(a: jax.Array, path) -> bool:
     """Whether array `a`'s buffer lies in this process's memory map of file `path` (/proc/self/maps)."""
     ptr, target = a.unsafe_buffer_pointer(), str(path.resolve())

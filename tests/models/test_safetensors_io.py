@@ -49,7 +49,7 @@ def test_arrays_added_one_at_a_time_make_a_valid_aligned_file(tmp_path):
 
 def test_a_failed_or_wrong_write_leaves_no_file(tmp_path):
     """An error inside the `with` block leaves neither the file nor its temporary; a key not declared, or added
-    twice, is a ValueError."""
+    twice, is a ValueError; a discarded write leaves nothing either."""
     path = tmp_path / "x.safetensors"
     with pytest.raises(RuntimeError), SafetensorsWriter(path, ["a", "b"]) as f:
         f.add("a", np.ones(64, np.float32))
@@ -60,6 +60,9 @@ def test_a_failed_or_wrong_write_leaves_no_file(tmp_path):
     with pytest.raises(ValueError, match="added twice"), SafetensorsWriter(path, ["a"]) as f:
         f.add("a", np.ones(3))
         f.add("a", np.ones(3))
+    with SafetensorsWriter(path, ["a"]) as f:  # what the caller found nothing worth writing
+        f.add("a", np.ones(64))
+        f.discard()
     assert list(tmp_path.iterdir()) == []
 
 

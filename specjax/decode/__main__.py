@@ -76,9 +76,25 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(body)
 
 
+def exit_now(code: int) -> None:
+    """Ends the process with `code` once the exit handlers ran and stdout / stderr are flushed, without the
+    interpreter's teardown of the model, the programs and XLA's client (0.4–0.6 s of a 5–6 s run, measured
+    2026-12-07). Everything the command writes is closed by then (`CompletionWriter` closes its file, every
+    cache file is renamed into place); only this process's exit, never a library's, calls it."""
+    import atexit
+    import contextlib
+    import os
+
+    atexit._run_exitfuncs()  # logging's flush, JAX's shutdown: what a normal exit runs first
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     from specjax.compile_cache import enable_compile_cache
 
     # At the process's edge, not in main(): tests call main() in a process whose other programs keep their clock.
     enable_compile_cache()  # $SPECJAX_COMPILE_CACHE: 0 turns it off, a folder moves it; default <cache>/xla
-    sys.exit(main())
+    exit_now(main())

@@ -156,7 +156,8 @@ def release_pages(views: Iterable[np.ndarray]) -> None:
         base = v  # the memmap holding the map itself (slices of a memmap are memmaps too)
         while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
             base = base.base
-        if not isinstance(base, np.memmap) or not isinstance(base.base, mmap.mmap) or not v.nbytes:
+        # Only read-only maps: a copy-on-write one ("c") would lose what was written to it.
+        if not isinstance(base, np.memmap) or not isinstance(base.base, mmap.mmap) or base.mode != "r" or not v.nbytes:
             continue
         # np.memmap maps from the allocation granule below its offset: the map starts that far before its data.
         start = base.ctypes.data - base.offset % mmap.ALLOCATIONGRANULARITY

@@ -90,7 +90,10 @@ def test_released_pages_leave_the_process_and_keep_their_contents(tmp_path):
     sums = {k: int(v.astype(np.int64).sum()) for k, v in views.items()}  # every page read
     before = _resident_kb(path)
     assert before >= 4 * 1024
-    release_pages([np.ones(8), views["a"][:0]])  # not a map; an empty view: nothing to do
+    private = np.memmap(path, np.uint8, mode="c")
+    private[:8] = 7
+    release_pages([np.ones(8), views["a"][:0], private])  # not a map; an empty view; a written private map
+    assert (private[:8] == 7).all()
     release_pages(views.values())
     assert _resident_kb(path) < before / 4
     assert {k: int(v.astype(np.int64).sum()) for k, v in views.items()} == sums

@@ -169,6 +169,32 @@ def test_a_failing_compiler_falls_back_with_its_first_error_line(monkeypatch, tm
         native_kernels._load.cache_clear()
 
 
+def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
+    """A first start compiles the int8 path's two libraries (int8 product, fixed-order reductions) in parallel
+    compiler processes; with the kernels turned off nothing is compiled."""
+    log = tmp_path / "log"
+    script = tmp_path / "c++"
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 2.0; exit 0; }}\n"
+                      f"echo start >> {log}\nsleep 1\necho end >> {log}\n"
+                      "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo x > \"$2\"; shift; done\nexit 0\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda: "fpu avx avx2 fma f16c")
+    try:
+        monkeypatch.setenv(native_kernels.ENV, "0")
+        native_kernels._load.cache_clear()
+        assert not native_kernels.int8_path_available() and not log.exists()
+        monkeypatch.delenv(native_kernels.ENV)
+        native_kernels._load.cache_clear()
+        assert not native_kernels.int8_path_available()  # the fake libraries do not load
+        assert log.read_text().split() == ["start", "start", "end", "end"]  # both compiles ran at once
+        assert len([p for p in (tmp_path / "cache" / "native").iterdir() if p.is_dir()]) == 2
+    finally:
+        native_kernels._load.cache_clear()
+
+
 def test_a_cpu_without_the_instructions_is_refused_before_any_compile(monkeypatch, tmp_path):
     """An AVX2 CPU skips the AVX-512-only float32 kernel without compiling it (it would fail at every start) and
     builds the int8 path; an older CPU skips both. The reason names the missing flags."""

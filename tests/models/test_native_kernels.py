@@ -175,7 +175,7 @@ def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
     log = tmp_path / "log"
     script = tmp_path / "c++"
     script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 2.0; exit 0; }}\n"
-                      f"echo start >> {log}\nsleep 1\necho end >> {log}\n"
+                      f"echo start >> {log}\nsleep 2\necho end >> {log}\n"
                       "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo x > \"$2\"; shift; done\nexit 0\n")
     script.chmod(0o755)
     monkeypatch.setenv("CXX", str(script))

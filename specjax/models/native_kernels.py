@@ -144,27 +144,9 @@ def _built(compiler: str, kind: str, key: str) -> Path:
                       "native kernel library")
 
 
-def _build_side_by_side(kinds: tuple[str, ...]) -> None:
-    """Builds the libraries of `kinds` that are not built yet, in parallel compiler processes (a first start:
-    6 s instead of 10 s on two cores). Failures are left for `_load` to report; nothing is registered here."""
-    compiler = _compiler()
-    if (compiler is None or platform.machine().lower() not in ("x86_64", "amd64")
-            or os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no")):
-        return
-
-    def build(kind: str) -> None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            if _cpu_lacks(kind) is None:
-                _built(compiler, kind, _key(compiler, kind))
-
-    with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
-        list(pool.map(build, kinds))
-
-
-@functools.cache
-def _load(kind: str = "float32") -> tuple[str | None, str | None]:
-    """(registered target name, None) or (None, why kernel `kind` is not available); reads `ENV` and `ISA_ENV`
-    once per process (tests clear the cache)."""
+def _toolchain(kind: str) -> tuple[str | None, str | None]:
+    """(the compiler, None), or (None, why kernel `kind` cannot be built here): `ENV`, the machine, the CPU's
+    instructions (`ISA_ENV`), a compiler on PATH."""
     if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None, f"{ENV}={os.environ[ENV]}"
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -177,6 +159,29 @@ def _load(kind: str = "float32") -> tuple[str | None, str | None]:
     compiler = _compiler()
     if compiler is None:
         return None, f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH"
+    return compiler, None
+
+
+def _build_side_by_side(kinds: tuple[str, ...]) -> None:
+    """Builds the libraries of `kinds` that are not built yet, in parallel compiler processes (a first start:
+    6 s instead of 10 s on two cores). Failures are left for `_load` to report; nothing is registered here."""
+    def build(kind: str) -> None:
+        compiler, why = _toolchain(kind)
+        if why is None:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                _built(compiler, kind, _key(compiler, kind))
+
+    with concurrent.futures.ThreadPoolExecutor(len(kinds)) as pool:
+        list(pool.map(build, kinds))
+
+
+@functools.cache
+def _load(kind: str = "float32") -> tuple[str | None, str | None]:
+    """(registered target name, None) or (None, why kernel `kind` is not available); reads `ENV` and `ISA_ENV`
+    once per process (tests clear the cache)."""
+    compiler, why = _toolchain(kind)
+    if why is not None:
+        return None, why
     try:
         key = _key(compiler, kind)
         symbol = KERNELS[kind][1]

@@ -56,6 +56,7 @@ class SafetensorsWriter:
     def __init__(self, path: Path, keys: Iterable[str], metadata: Mapping[str, str] | None = None):
         self.path = Path(path)
         self._keys = set(keys)
+        self._added: set[str] = set()
         self._metadata = None if metadata is None else dict(metadata)
         room = len(json.dumps(self._metadata or {})) + sum(len(json.dumps(k)) + _ENTRY_ROOM for k in self._keys)
         self._data_start = 8 + room + (-(8 + room) % ALIGN)
@@ -77,8 +78,9 @@ class SafetensorsWriter:
         Raises:
           ValueError: `key` was not declared, or was added already, or the array has more than 8 dimensions.
         """
-        if key not in self._keys or key in self._header or any(k == key for k, _ in self._held):
+        if key not in self._keys or key in self._added:
             raise ValueError(f"{self.path.name}: key {key!r} was not declared or was added twice")
+        self._added.add(key)
         a = np.asarray(array)
         if a.ndim > _MAX_DIMS:
             raise ValueError(f"{self.path.name}: {key!r} has {a.ndim} dimensions (at most {_MAX_DIMS})")
@@ -114,7 +116,7 @@ class SafetensorsWriter:
             if kind is None and self._keep:
                 os.replace(self._tmp, self.path)
         finally:
-            self._file.close()
+            self._file.close()  # a no-op when closed above
             self._tmp.unlink(missing_ok=True)
 
 

@@ -225,10 +225,10 @@ def dequantize_rows(data: np.ndarray, tensor_type) -> np.ndarray:
 
     if data.ndim != 2 or data.shape[0] <= ROW_SLICE:
         return np.asarray(gguf.quants.dequantize(data, tensor_type), dtype=np.float32)
-    first = np.asarray(gguf.quants.dequantize(data[:ROW_SLICE], tensor_type), dtype=np.float32)
-    out = np.empty((data.shape[0], *first.shape[1:]), np.float32)
-    out[:ROW_SLICE] = first
-    for r0 in range(ROW_SLICE, data.shape[0], ROW_SLICE):
+    quantized = data.dtype == np.uint8  # block rows (GGUFReader's shapes); float and integer types keep theirs
+    out = np.empty(gguf.quants.quant_shape_from_byte_shape(data.shape, tensor_type) if quantized else data.shape,
+                   np.float32)
+    for r0 in range(0, data.shape[0], ROW_SLICE):
         out[r0:r0 + ROW_SLICE] = gguf.quants.dequantize(data[r0:r0 + ROW_SLICE], tensor_type)
     return out
 
@@ -246,7 +246,6 @@ class LazyTensor:
         self.shape = dims if self.name.endswith(".w") else dims[::-1]
 
     def __array__(self, dtype=None, copy=None):
-
         t = self._tensor
         w = dequantize_rows(t.data, t.tensor_type)
         module = self.name.rsplit(".", 1)[0].split(".", 2)[-1] if self.name.startswith("blocks.") else ""

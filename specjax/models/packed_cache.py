@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models.config import ModelConfig
-from specjax.models.gguf_loader import ROW_SLICE, RowSlice
+from specjax.models.gguf_loader import ROW_SLICE, RowSlice, dequantize_rows
 from specjax.models.weight_formats import attach_packed, is_matrix, pack_matrix
 
 PACKED_VERSION = "1"
@@ -53,8 +53,7 @@ def tensor_arrays(tensor, name: str, fmt: str, row_perm: Callable[[np.ndarray], 
     if len(forms) > 1:
         # Slices took different forms (exact in one, quantized in another): redone whole from float,
         # so a matrix has one form. Rare.
-        w_oi = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
-        slices = [pack_matrix(w_oi, fmt)]
+        slices = [pack_matrix(dequantize_rows(tensor.data, tensor.tensor_type), fmt)]
     arrays = {f"{name}:{k}": np.concatenate([d[k] for d in slices]) for k in slices[0]}
     return {k: row_perm(a) if row_perm else a for k, a in arrays.items()}
 
@@ -122,8 +121,8 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
     expected = param_shapes(cfg, dtype)
     tiled = read_tiled(tiled_file) if tiled_file is not None else {}
     stored = read_safetensors(weights_file)  # views of one memory map: only what is used is read
-    matrices = {k.split(":")[0] for k in stored if ":" in k}
-    plain = {k for k in stored if ":" not in k}
+    by_matrix = _by_matrix(stored)
+    matrices, plain = set(by_matrix), {k for k in stored if ":" not in k}
     missing = sorted(set(expected) - matrices - plain)
     extra = sorted((matrices | plain) - set(expected)) + sorted(set(tiled) - matrices)
     if missing or extra:
@@ -137,11 +136,7 @@ def build_packed_model(cfg: ModelConfig, weights_file: Path, dtype=jnp.float32, 
     model = nnx.merge(graphdef, nnx.from_flat_state(flat))
     packed = {}
     for name in matrices:
-        if name in tiled:
-            bq = tiled[name]
-        else:
-            bq = BlockQuant.from_arrays({k: stored[f"{name}:{k}"] for k in ("values", "scale", "offset")
-                                         if f"{name}:{k}" in stored})
+        bq = tiled[name] if name in tiled else BlockQuant.from_arrays(by_matrix[name])
         want = expected[name][::-1] if name.endswith(".w") else expected[name]
         if bq.shape != tuple(want):
             raise WeightsError(f"{source} does not match the model: {name} is {bq.shape}, expected {want}")
@@ -163,11 +158,17 @@ def read_tiled(file: Path) -> dict:
     from specjax.models.int8_activations import TiledBlockQuant
     from specjax.models.safetensors_io import read_safetensors
 
+    return {name: TiledBlockQuant(**arrays) for name, arrays in _by_matrix(read_safetensors(file)).items()}
+
+
+def _by_matrix(stored: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """A cache file's ``<name>:<part>`` arrays grouped by matrix name (plain ``<name>`` arrays left out)."""
     parts: dict[str, dict[str, np.ndarray]] = {}
-    for key, a in read_safetensors(file).items():
-        name, part = key.split(":")
-        parts.setdefault(name, {})[part] = a
-    return {name: TiledBlockQuant(**arrays) for name, arrays in parts.items()}
+    for key, a in stored.items():
+        if ":" in key:
+            name, part = key.split(":")
+            parts.setdefault(name, {})[part] = a
+    return parts
 
 
 def lay_out(weights_file: Path, file: Path, progress: Callable[[str], None] = lambda s: None) -> int:
@@ -185,12 +186,7 @@ def lay_out(weights_file: Path, file: Path, progress: Callable[[str], None] = la
     from specjax.models.quant import BlockQuant
     from specjax.models.safetensors_io import SafetensorsWriter, read_safetensors, release_pages
 
-    stored = read_safetensors(weights_file)
-    parts: dict[str, dict[str, np.ndarray]] = {}
-    for key, a in stored.items():
-        if ":" in key:
-            name, part = key.split(":")
-            parts.setdefault(name, {})[part] = a
+    parts = _by_matrix(read_safetensors(weights_file))
     # Each matrix made when its turn comes (a misaligned file's arrays are copies), written, then let go.
     matrices = ((name, BlockQuant.from_arrays(arrays)) for name, arrays in parts.items())
     count = 0

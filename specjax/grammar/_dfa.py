@@ -13,7 +13,8 @@ import numpy as np
 from specjax.grammar import _deadline
 from specjax.grammar._vocab_trie import ranges
 
-__all__ = ["ByteDFA", "byte_classes", "coreachable", "minimal_dfa", "minimize", "refine_rounds", "row_ids"]
+__all__ = ["ByteDFA", "byte_classes", "coreachable", "difference", "minimal_dfa", "minimize", "refine_rounds",
+           "row_ids"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -216,6 +217,35 @@ def minimal_dfa(trans: np.ndarray, accept: np.ndarray) -> ByteDFA:
     out[new] = np.where(trans >= 0, new[np.maximum(trans, 0)], -1)
     acc[new] = accept
     return ByteDFA(out, acc)
+
+
+def difference(a: ByteDFA, b: ByteDFA) -> ByteDFA:
+    """The minimal DFA of the strings ``a`` accepts and ``b`` does not: the product over the reachable pairs.
+
+    Built breadth first, one level of pairs at a time with whole-level numpy steps; a pair's ``b`` part is
+    ``b``'s state + 1, 0 once ``b`` has rejected (from there on the pair only follows ``a``). For ``b`` a trie of
+    names (``a`` minus a few hundred keys) the reachable pairs are about the trie's nodes.
+    """
+    nb = len(b.accept) + 1
+    b_next = np.vstack([np.zeros((1, 256), np.int64), b.trans.astype(np.int64) + 1])
+    b_accept = np.concatenate([[False], b.accept])
+    levels, seen, frontier = [], np.array([1], np.int64), np.array([1], np.int64)  # the start pair (0, b's 0)
+    while len(frontier):
+        _deadline.check()
+        qa = frontier // nb
+        step = a.trans[qa].astype(np.int64)
+        keys = np.where(step >= 0, step * nb + b_next[frontier % nb], -1)
+        levels.append((frontier, keys))
+        frontier = np.setdiff1d(keys[keys >= 0], seen)
+        seen = np.union1d(seen, frontier)
+    order = np.concatenate([f for f, _ in levels])  # pair keys in breadth-first order, the start first
+    sorter = np.argsort(order)
+    keys = np.concatenate([k for _, k in levels])
+    trans = np.where(keys >= 0, sorter[np.searchsorted(order, np.maximum(keys, 0), sorter=sorter)], -1)
+    accept = a.accept[order // nb] & ~b_accept[order % nb]
+    alive = coreachable(trans, accept)  # e.g. past a name's closing quote: rejecting, as -1 is (minimize keeps
+    trans = np.where(trans >= 0, np.where(alive[np.maximum(trans, 0)], trans, -1), -1)  # such states apart)
+    return minimal_dfa(trans.astype(np.int32), accept)
 
 
 def coreachable(trans: np.ndarray, accept: np.ndarray) -> np.ndarray:

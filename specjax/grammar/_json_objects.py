@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
 from specjax.grammar import _charsets as cs
 from specjax.grammar import _json_schema_logic as logic
 from specjax.grammar import regex as rx
-from specjax.grammar._json_names import KeyFilter, key_filter
+from specjax.grammar._json_names import KeyFilter, key_filter, other_key_dfa
 from specjax.grammar._json_schema_logic import EmptySchemaError, SchemaError
 from specjax.grammar._json_text import _pointer, _trie, json_string_terminal, lark_literal
 from specjax.grammar._regex_fsm import TooLarge, fsm_rules, key_region_rules, key_regions
+from specjax.grammar.terminals import remember_terminal
 
 _MAX_PATTERNS = 8  # patternProperties next to extra keys (19 disjoint ones: 16 s of interegular products)
 _KEY_CHARS = ((0x20, 0x7E),)  # extra keys next to patternProperties: printable ASCII (see _pattern_tail)
@@ -317,7 +320,14 @@ class ObjectEmitter:
         return self.c.rule_text(f"{path}/{kind}", body) if body else ""
 
     def _key_not_in(self, names: list[str]) -> str:
-        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases).
+        """A JSON string terminal for any key except `names` (canonical encoding, so no aliases); its DFA is built
+        directly (``other_key_dfa``), the regex is its definition and the way to it elsewhere."""
+        text = self._key_not_in_text(names)
+        remember_terminal(text, functools.partial(other_key_dfa, tuple(names)))
+        return text
+
+    def _key_not_in_text(self, names: list[str]) -> str:
+        """The regex of :meth:`_key_not_in`.
 
         A key that is not a name either stops inside the trie of the names (a proper prefix that is not a
         name), or leaves it: by a raw character no name continues with, or by an escaped character (names

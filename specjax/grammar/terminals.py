@@ -11,6 +11,7 @@ are not regular (backreferences) are refused: they would make the automaton sile
 
 from __future__ import annotations
 
+import collections
 import re
 import re._constants as sre_constants
 import re._parser as sre_parse
@@ -24,13 +25,18 @@ from specjax.grammar._counted import MAX_POSITIONS, MAX_POSITIONS_INTEREGULAR, p
 from specjax.grammar._dfa import ByteDFA, minimal_dfa
 from specjax.grammar.errors import GrammarError
 
-__all__ = ["ByteDFA", "terminal_dfa", "literal_dfa", "regex_dfa"]
+__all__ = ["ByteDFA", "terminal_dfa", "literal_dfa", "regex_dfa", "remember_terminal", "trie_dfa"]
 
 _MAX_CP = 0x10FFFF
 _UNSUPPORTED = {sre_constants.AT: "anchor or \\b", sre_constants.ASSERT: "lookaround",
                 sre_constants.ASSERT_NOT: "negative lookaround", sre_constants.GROUPREF: "backreference",
                 sre_constants.GROUPREF_EXISTS: "conditional group"}
 _UNICODE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8}))")
+# Lark terminal text (``/.../`` as written) → a builder of its DFA, from a front-end that knows the terminal's
+# structure (the JSON Schema compiler's "any other key": a difference of two automata, milliseconds, where the
+# regex it writes takes interegular seconds). The text stays the definition; this is only a faster way to it.
+_KNOWN: collections.OrderedDict = collections.OrderedDict()
+_KNOWN_MAX = 1024
 
 
 def terminal_dfa(name: str, pattern) -> ByteDFA:
@@ -40,7 +46,10 @@ def terminal_dfa(name: str, pattern) -> ByteDFA:
       GrammarError: naming the terminal and the construct, for unsupported regexes or terminals that match
         the empty string.
     """
-    if type(pattern).__name__ == "PatternStr" and not pattern.flags:
+    build = _KNOWN.get(getattr(pattern, "raw", None)) if not pattern.flags else None
+    if build is not None:
+        dfa = build()
+    elif type(pattern).__name__ == "PatternStr" and not pattern.flags:
         dfa = literal_dfa(pattern.value.encode("utf-8"))
     else:
         dfa = regex_dfa(pattern.to_regexp(), where=f"terminal {name}")
@@ -48,6 +57,38 @@ def terminal_dfa(name: str, pattern) -> ByteDFA:
         raise GrammarError(f"terminal {name} ({pattern.to_regexp()!r}) matches the empty string; "
                            "make it non-empty and make its use optional in the rule instead")
     return dfa
+
+
+def remember_terminal(text: str, build) -> None:
+    """Registers ``build()`` as the way to the DFA of the Lark terminal written ``text`` (e.g. ``/a|b/``).
+
+    For a front-end that writes a terminal whose automaton it can build directly; ``build`` must give exactly
+    the language of ``text`` (a grammar compiled from the text elsewhere gets the same DFA the long way). The
+    last 1,024 registrations are kept.
+    """
+    _KNOWN[text] = build
+    _KNOWN.move_to_end(text)
+    while len(_KNOWN) > _KNOWN_MAX:
+        _KNOWN.popitem(last=False)
+
+
+def trie_dfa(words) -> ByteDFA:
+    """The DFA (a trie, not minimised) accepting exactly the byte strings ``words``."""
+    nodes: list[dict[int, int]] = [{}]
+    ends = set()
+    for word in words:
+        q = 0
+        for byte in word:
+            q = nodes[q].setdefault(byte, len(nodes))
+            if q == len(nodes):
+                nodes.append({})
+        ends.add(q)
+    trans = np.full((len(nodes), 256), -1, np.int32)
+    for q, kids in enumerate(nodes):
+        trans[q, list(kids)] = list(kids.values())
+    accept = np.zeros(len(nodes), bool)
+    accept[sorted(ends)] = True
+    return ByteDFA(trans, accept)
 
 
 def literal_dfa(data: bytes) -> ByteDFA:

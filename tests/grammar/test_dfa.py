@@ -136,3 +136,35 @@ def test_bounded_rounds_compare_whole_rows_not_hashes(monkeypatch):
     start = [int(a) for a in accept]
     got = _dfa.refine_rounds(np.array(start, np.int64), t, 5)
     assert _same_partition(list(got), _naive_rounds(t, start, 5))
+
+
+def _accepts(dfa: _dfa.ByteDFA, word: tuple[int, ...]) -> bool:
+    q = 0
+    for b in word:
+        q = int(dfa.trans[q, b])
+        if q < 0:
+            return False
+    return bool(dfa.accept[q])
+
+
+def _byte_dfa(n: int, k: int, seed: int) -> _dfa.ByteDFA:
+    trans, accept = _random_dfa(n, k, seed)
+    full = np.full((n, 256), -1, np.int32)
+    full[:, :k] = trans
+    return _dfa.ByteDFA(full, accept)
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.integers(1, 12), st.integers(1, 12), st.integers(1, 3), st.integers(0, 2**16))
+def test_difference_accepts_what_a_accepts_and_b_does_not(na, nb, k, seed):
+    """Every word up to length 5 over the bytes both use; the result is minimal with no dead states."""
+    import itertools
+
+    a, b = _byte_dfa(na, k, seed), _byte_dfa(nb, k, seed + 1)
+    got = _dfa.difference(a, b)
+    for n in range(6):
+        for word in itertools.product(range(k), repeat=n):
+            assert _accepts(got, word) == (_accepts(a, word) and not _accepts(b, word)), word
+    assert len(set(_dfa.minimize(got.trans, got.accept)[0])) == len(got.accept)
+    alive = _dfa.coreachable(got.trans, got.accept)
+    assert alive[got.trans[got.trans >= 0]].all()

@@ -36,6 +36,54 @@ def test_other_key_terminal_equals_the_per_node_form(names):
     assert len(emitter._key_not_in(long_names)) < len(emitter._key_not_in_per_node(long_names)) / 2
 
 
+def _canonical(dfa) -> tuple[list, list]:
+    """A DFA's rows renumbered in breadth-first order from the start: equal for two minimal DFAs of one language."""
+    ids, order = {0: 0}, [0]
+    for q in order:
+        for t in dfa.trans[q]:
+            if t >= 0 and int(t) not in ids:
+                ids[int(t)] = len(order)
+                order.append(int(t))
+    return [[ids[int(t)] if t >= 0 else -1 for t in dfa.trans[q]] for q in order], [bool(dfa.accept[q]) for q in order]
+
+
+@pytest.mark.parametrize("names", [["a", "ab", "b"], [], [""], ["x", "xy", "xyz", "é", "日本"], ["a\"b", "c"],
+                                   ["a\u0001", "\\", "a", "tab\there", "\U0001f600 emoji"]])
+def test_other_key_dfa_is_the_regex_s_automaton(names):
+    """The "any other key" automaton built directly (a difference of automata) is the minimal DFA of the regex the
+    compiler writes for it (both forms), state for state."""
+    from specjax.grammar._json_names import other_key_dfa
+    from specjax.grammar._json_schema_types import TypeEmitter
+    from specjax.grammar.terminals import regex_dfa
+
+    class Owner:
+        options, ws = JsonSchemaOptions(), ""
+
+    emitter = TypeEmitter(Owner())
+    want = _canonical(other_key_dfa(tuple(names)))
+    for text in (emitter._key_not_in_text(names), emitter._key_not_in_per_node(names)):
+        assert _canonical(regex_dfa(text[1:-1].replace("\\x22", '"'))) == want
+
+
+def test_compiling_an_open_object_does_not_compile_the_other_key_regex(monkeypatch):
+    """compile_grammar takes the registered automaton for the extra-key terminal (the regex took seconds), and the
+    compiled grammar still refuses a listed name as an extra key and allows any other."""
+    from test_declared_nesting import Tok, accepts
+
+    from specjax.grammar import GrammarOptions, compile_grammar, terminals
+
+    compiled = []
+    real = terminals.regex_dfa
+    monkeypatch.setattr(terminals, "regex_dfa",
+                        lambda regex, where="regex": compiled.append(regex) or real(regex, where))
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in ("alpha", "beta", "gamma")}}
+    text = json_schema_to_lark(schema)
+    tables = compile_grammar(text, Tok(), GrammarOptions(cache=False))
+    assert compiled and not any("alph" in r for r in compiled)
+    assert accepts(tables, '{"beta":1,"alphx":{}}') and accepts(tables, '{"alpha":1}')
+    assert not accepts(tables, '{"alpha":{}}') and not accepts(tables, '{"gamma":1,"beta":[]}')
+
+
 PROPERTY_COUNTS = [
     {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"const": 1}},

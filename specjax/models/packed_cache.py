@@ -22,7 +22,7 @@ import numpy as np
 
 from specjax.models.config import ModelConfig
 from specjax.models.gguf_loader import ROW_SLICE, RowSlice, dequantize_rows
-from specjax.models.weight_formats import attach_packed, is_matrix, pack_matrix
+from specjax.models.weight_formats import attach_packed, is_matrix, pack_exact, pack_matrix
 
 PACKED_VERSION = "1"
 
@@ -47,8 +47,10 @@ def tensor_arrays(tensor, name: str, fmt: str, row_perm: Callable[[np.ndarray], 
     slices = []
     for r0 in range(0, out_dim, ROW_SLICE):
         part = RowSlice(tensor, r0, min(r0 + ROW_SLICE, out_dim))
-        slices.append(pack_matrix(np.asarray(gguf.quants.dequantize(part.data, part.tensor_type), np.float32),
-                                  fmt, part))
+        arrays = pack_exact(part, fmt)  # the file's integers, unpacked: no float pass
+        if arrays is None:
+            arrays = pack_matrix(np.asarray(gguf.quants.dequantize(part.data, part.tensor_type), np.float32), fmt)
+        slices.append(arrays)
     forms = {tuple((k, a.dtype, a.shape[1:]) for k, a in sorted(d.items())) for d in slices}
     if len(forms) > 1:
         # Slices took different forms (exact in one, quantized in another): redone whole from float,

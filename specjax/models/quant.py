@@ -272,12 +272,13 @@ def _chunk_rows(out_dim: int, chunk: int) -> int:
     return out_dim
 
 
-def block_quant_from_gguf(tensor, dequantized: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+def block_quant_from_gguf(tensor) -> dict[str, np.ndarray] | None:
     """Arrays of an exact BlockQuant for a gguf ReaderTensor, or None (format not covered).
 
-    The integers are recovered as round((w − b) / a) from the gguf package's float32
-    dequantisation (`dequantized`, [out, in], computed when not given) and kept only if they
-    reproduce it bit for bit.
+    The file's own integers, unpacked from its blocks (no float pass: the gguf package's dequantisation of
+    Qwen's matrices took 16 s of its first conversion), with the scales (and offsets) the gguf package
+    multiplies them by, so values · scale (− offset) is its float32 dequantisation bit for bit. A Q8_0 block
+    holding −128 is not covered (the int8 kernels take weights within ±127).
     """
     import gguf
 
@@ -288,32 +289,38 @@ def block_quant_from_gguf(tensor, dequantized: np.ndarray | None = None) -> dict
     block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(tensor.tensor_type)]
     out_dim = raw.shape[0]
     in_dim = raw.shape[1] // type_size * block_size
-    params = _affine_params(qtype, raw.reshape(-1, type_size))
+    blocks = raw.reshape(-1, type_size)
+    params = _affine_params(qtype, blocks)
     if params is None:
         return None
     sub, a, b = params
-    if dequantized is None:
-        dequantized = gguf.quants.dequantize(raw, tensor.tensor_type)
-    w = np.asarray(dequantized, np.float32).reshape(out_dim, in_dim // sub, sub)
-    a = a.reshape(out_dim, in_dim // sub)
-    b = None if b is None else b.reshape(out_dim, in_dim // sub)
-    # One float32 temporary, worked in place (the same operations as round((w + b) / a) and back, without the
-    # eight full-size temporaries they took: 13 s of Qwen's conversion).
-    a3 = a[:, :, None]
-    t = w.copy() if b is None else w + b[:, :, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.divide(t, a3, out=t)
-    np.rint(t, out=t)
-    np.copyto(t, 0, where=a3 == 0)
-    if max(t.max(), -t.min()) > 127:  # NaN compares False, as before: the check below refuses it
+    q = _block_integers(qtype, blocks)
+    if q.min(initial=0) < -127:
         return None
-    q = t.astype(np.int8)
-    np.multiply(t, a3, out=t)  # t holds q's values exactly (integers within ±127): t · a is q · a
+    arrays = {"values": q.reshape(out_dim, in_dim), "scale": a.reshape(out_dim, in_dim // sub)}
     if b is not None:
-        np.subtract(t, b[:, :, None], out=t)
-    if not np.array_equal(t, w):
-        return None
-    arrays = {"values": q.reshape(out_dim, in_dim), "scale": a}
-    if b is not None:
-        arrays["offset"] = b
+        arrays["offset"] = b.reshape(out_dim, in_dim // sub)
     return arrays
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """[..., k] bytes → [..., 2, k]: the low nibbles, then the high ones."""
+    return np.stack([packed & 0x0F, packed >> 4], axis=-2)
+
+
+def _block_integers(qtype_name: str, blocks: np.ndarray) -> np.ndarray:
+    """int8 [n, values per block]: the integers of GGUF blocks [n, bytes] in the order of their values."""
+    n = len(blocks)
+    if qtype_name == "Q8_0":
+        return np.ascontiguousarray(blocks[:, 2:34]).view(np.int8)
+    if qtype_name == "Q5_0":  # 16 bytes of low nibbles (values 0-15, then 16-31) and a 32-bit word of fifth bits
+        high = np.unpackbits(np.ascontiguousarray(blocks[:, 2:6]), axis=1, bitorder="little")
+        low = _nibbles(blocks[:, 6:22]).reshape(n, 32)
+        return ((low | (high << 4)).astype(np.int16) - 16).astype(np.int8)
+    if qtype_name == "Q4_K":  # 4 groups of 32 bytes: low nibbles are one sub-block, high nibbles the next
+        return _nibbles(blocks[:, 16:144].reshape(n, 4, 32)).reshape(n, 256).astype(np.int8)
+    if qtype_name == "Q6_K":  # 2 halves of 128 values: 64 bytes of low nibbles, 32 bytes of 2-bit pairs
+        low = _nibbles(blocks[:, :128].reshape(n, 2, 64)).reshape(n, 2, 4, 32)
+        pairs = blocks[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        return ((low | ((pairs & 3) << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, 256)
+    raise ValueError(f"no integers for {qtype_name}")

@@ -95,25 +95,26 @@ def packed_product(packed: BlockQuant, x: jax.Array) -> jax.Array:
 
 # --- packing on the host, one matrix at a time -------------------------------------------------
 
-def pack_matrix(w_oi: np.ndarray, fmt: str, tensor=None) -> dict[str, np.ndarray]:
-    """Arrays of a BlockQuant holding w [out, in] in `fmt` ("bfloat16", "int8" or "q4").
-
-    With the GGUF `tensor` w came from (w = its float32 dequantization), the file's own integers
-    are kept when they reproduce w exactly (quant.block_quant_from_gguf): int8 always then, and
-    4 bits when they fit (Q4_K). Otherwise w is quantized: int8 and q4 per group of 32.
-    """
+def pack_matrix(w_oi: np.ndarray, fmt: str) -> dict[str, np.ndarray]:
+    """Arrays of a BlockQuant holding w [out, in] in `fmt` ("bfloat16", "int8" or "q4"): quantized, int8 and
+    q4 per group of 32 (see `pack_exact` for a GGUF tensor's own integers)."""
     if fmt == "bfloat16":
         return {"values": np.asarray(w_oi, np.float32).astype(ml_dtypes.bfloat16)}
-    exact = None if tensor is None else block_quant_from_gguf(tensor, w_oi)
-    if exact is not None:
-        if fmt == "q4" and "offset" in exact and exact["values"].min() >= 0 and exact["values"].max() <= 15:
-            exact["values"] = pack_nibbles(exact["values"].astype(np.uint8))
-        return exact
     if fmt == "int8":
         return quantize_int8(w_oi)
     if fmt == "q4":
         return quantize_q4(w_oi)
     raise ConfigError(f"no packed form for weights={fmt!r}")
+
+
+def pack_exact(tensor, fmt: str) -> dict[str, np.ndarray] | None:
+    """The GGUF `tensor`'s own integers as a BlockQuant's arrays in `fmt`, or None (bfloat16, or a GGUF format
+    `quant.block_quant_from_gguf` does not cover): int8, and 4 bits in q4 when they fit (Q4_K)."""
+    exact = None if fmt == "bfloat16" else block_quant_from_gguf(tensor)
+    if exact is not None and fmt == "q4" and "offset" in exact and exact["values"].min() >= 0 \
+            and exact["values"].max() <= 15:
+        exact["values"] = pack_nibbles(exact["values"].astype(np.uint8))
+    return exact
 
 
 def pack_nibbles(q_oi: np.ndarray) -> np.ndarray:

@@ -25,6 +25,15 @@ def test_int8_copy_reproduces_gguf_dequantisation_bit_for_bit(qtype):
     np.testing.assert_array_equal(np.asarray(bq.dequantized()), gguf.quants.dequantize(t.data, qtype))
 
 
+def test_a_q8_0_block_holding_minus_128_is_not_copied():
+    """The int8 kernels take weights within ±127: such a tensor is quantized from its float values instead."""
+    t = FakeTensor(np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    assert block_quant_from_gguf(t) is not None
+    t.data = t.data.copy()
+    t.data[2, 2 + 34 + 5] = 0x80  # row 2, second block, sixth value: −128
+    assert block_quant_from_gguf(t) is None
+
+
 def test_unsupported_formats_are_left_in_float32():
     t = FakeTensor(np.ones((4, 32), np.float32), gguf.GGMLQuantizationType.F16)
     assert block_quant_from_gguf(t) is None

@@ -67,15 +67,15 @@ def test_q4_uses_all_sixteen_levels_and_groups_of_32():
 
 
 def gguf_blocks(qtype, rows: int, cols: int, seed: int = 2) -> np.ndarray:
-    """Raw GGUF blocks [rows, bytes]: gguf-py quantizes Q8_0 itself; K-quant blocks (which it cannot
-    write) are random bytes with sane float16 super-block scales."""
+    """Raw GGUF blocks [rows, bytes]: gguf-py quantizes Q8_0 itself; Q5_0 and K-quant blocks are random bytes
+    with sane float16 (super-)block scales."""
     rng = np.random.default_rng(seed)
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     d = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
-    for at in ((0, 2) if qtype == gguf.GGMLQuantizationType.Q4_K else (208,)):
+    for at in {"Q4_K": (0, 2), "Q6_K": (208,)}.get(qtype.name, (0,)):
         raw[:, :, at:at + 2] = d
     return raw.reshape(rows, -1)
 
@@ -83,14 +83,17 @@ def gguf_blocks(qtype, rows: int, cols: int, seed: int = 2) -> np.ndarray:
 @pytest.mark.parametrize("qtype, fmt, values_dtype", [
     (gguf.GGMLQuantizationType.Q8_0, "int8", np.int8), (gguf.GGMLQuantizationType.Q8_0, "q4", np.int8),
     (gguf.GGMLQuantizationType.Q4_K, "q4", np.uint8), (gguf.GGMLQuantizationType.Q4_K, "int8", np.int8),
-    (gguf.GGMLQuantizationType.Q6_K, "q4", np.int8)])
+    (gguf.GGMLQuantizationType.Q6_K, "q4", np.int8), (gguf.GGMLQuantizationType.Q5_0, "int8", np.int8),
+    (gguf.GGMLQuantizationType.Q5_0, "q4", np.int8)])
 def test_gguf_blocks_are_kept_exactly(qtype, fmt, values_dtype):
+    """Random blocks (every bit pattern of the integers and sub-block scales) unpacked without a float pass
+    reproduce the gguf package's float32 dequantisation bit for bit."""
     class Tensor:
         tensor_type = qtype
         data = gguf_blocks(qtype, rows=8, cols=512)
 
     w = gguf.quants.dequantize(Tensor.data, qtype)
-    arrays = wf.pack_matrix(w, fmt, Tensor)
+    arrays = wf.pack_exact(Tensor, fmt)
     assert arrays["values"].dtype == values_dtype
     np.testing.assert_array_equal(dequantized_np(arrays), w)
 

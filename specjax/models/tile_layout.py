@@ -1,6 +1,8 @@
 """The int8 kernel's matrix layout (csrc/int8_activation_gemm.cc): tiles of 16 output rows and compact scales.
 
-`tile_arrays` turns a row-major `BlockQuant`'s arrays into what the kernel reads, on device (jitted):
+`tile_arrays` turns a row-major `BlockQuant`'s arrays into what the kernel reads, on the host with numpy (the
+kernel is a CPU kernel; jitted, each matrix shape compiled its own program: 14 of them, 2.6 s of Gemma's first
+start):
 
 * values: within each tile of 16 rows the rows' 4-byte words alternate (a transpose of uint32 [16, words] per
   tile), so one 64-byte vector holds one word of each of the 16 rows;
@@ -22,11 +24,11 @@ tiled matrix give the row-major matrix's values bit for bit.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models.config import ConfigError
 
@@ -55,25 +57,22 @@ def kernel_block(out: int, width: int, nb: int, q4: bool) -> int | None:
 DENOMINATORS = (63, 128, 127)
 
 
-def _factor_denominators(a: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _factor_denominators(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(integers, factor) for groups a [..., group]: factor = max |a| / n for the first n of DENOMINATORS that
     makes every a an integer times it (max |a| / n is d exactly when max |a| = n · |d| exactly)."""
-    top = jnp.max(jnp.abs(a), axis=-1, keepdims=True)
-    sub, sup, found = jnp.zeros(a.shape, jnp.int32), jnp.zeros(top.shape, jnp.float32), top == 0
+    top = np.max(np.abs(a), axis=-1, keepdims=True)
+    sub, sup, found = np.zeros(a.shape, np.int32), np.zeros(top.shape, np.float32), top == 0
     for n in DENOMINATORS:
-        # A full array hidden from XLA's simplifier, which turns a division by a broadcast scalar into a product
-        # with its reciprocal, one ulp off. The integers are rounded, then checked by the exact product.
-        f = top / jax.lax.optimization_barrier(jnp.full_like(top, n))
-        q = jnp.round(a / jnp.where(f > 0, f, 1.0))
-        good = ~found & jnp.all(q * f == a, axis=-1, keepdims=True)
-        sub, sup, found = jnp.where(good, q.astype(jnp.int32), sub), jnp.where(good, f, sup), found | good
+        f = top / np.float32(n)  # IEEE division (XLA had to be kept from making it a product with 1 / n)
+        q = np.round(a / np.where(f > 0, f, np.float32(1)))
+        good = ~found & np.all(q * f == a, axis=-1, keepdims=True)
+        sub, sup, found = np.where(good, q.astype(np.int32), sub), np.where(good, f, sup), found | good
     return sub, sup
 
 
-@functools.partial(jax.jit, static_argnames="group")
-def factor_blocks(a: jax.Array, group: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def factor_blocks(a, group: int) -> tuple[np.ndarray, np.ndarray, bool]:
     """float32 a [out, nb] → (sub int8 [out, nb], super float32 [out, nb / group], ok) with
-    sub · super == a exactly wherever `ok` (a bool scalar) holds.
+    sub · super == a exactly wherever `ok` holds.
 
     A group of a K-quant's scales is d · c_b (d a float16, c_b a small integer), products that are exact in
     float32, and llama.cpp gives the group's largest scale exactly 63 (Q4_K) or -128 (Q6_K) units of d: d is
@@ -81,13 +80,14 @@ def factor_blocks(a: jax.Array, group: int) -> tuple[jax.Array, jax.Array, jax.A
     the largest block below those) are not searched for: such matrices keep float32 scales. A group whose
     integers would include +128 (from a negative d: Q6_K) takes a negative super-scale.
     """
+    a = np.asarray(a, np.float32)
     out, nb = a.shape
     a = a.reshape(out, nb // group, group)
     sub, sup = _factor_denominators(a)
-    flip = jnp.any(sub == 128, axis=-1, keepdims=True)
-    sub, sup = jnp.where(flip, -sub, sub), jnp.where(flip, -sup, sup)
-    ok = jnp.all((sub >= -128) & (sub <= 127)) & jnp.all(sub.astype(jnp.float32) * sup == a)
-    return sub.astype(jnp.int8).reshape(out, nb), sup[..., 0], ok
+    flip = np.any(sub == 128, axis=-1, keepdims=True)
+    sub, sup = np.where(flip, -sub, sub), np.where(flip, -sup, sup)
+    ok = bool(np.all((sub >= -128) & (sub <= 127)) and np.all(sub.astype(np.float32) * sup == a))
+    return sub.astype(np.int8).reshape(out, nb), sup[..., 0], ok
 
 
 def _super_group(block: int, nb: int) -> int:
@@ -95,57 +95,50 @@ def _super_group(block: int, nb: int) -> int:
     return math.gcd(nb, SUPER_COLUMNS // block) if SUPER_COLUMNS % block == 0 else 1
 
 
-@functools.partial(jax.jit, static_argnames=("block", "group"))
-def _tiles(values: jax.Array, scale: jax.Array, offset: jax.Array | None, block: int, group: int):
+def _tiles(values: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, block: int, group: int):
     """(tiles with float32 scales, tiles with compact scales (float32 super-scales) or None when group < 2,
     {"compact", "float16", "super16"}: whether the compact form is exact, whether every scale / every
-    super-scale is a float16). One program per shape (loading a model compiles a handful, not one per operation);
-    the caller narrows to float16 what the flags allow."""
-    width = values.shape[1] * (2 if values.dtype == jnp.uint8 else 1)
-    split = lambda a: jnp.repeat(a.astype(jnp.float32), width // a.shape[1] // block, axis=1)
+    super-scale is a float16). The caller narrows to float16 what the flags allow."""
+    width = values.shape[1] * (2 if values.dtype == np.uint8 else 1)
+    split = lambda a: np.repeat(np.asarray(a, np.float32), width // a.shape[1] // block, axis=1)
     parts = {"scale": split(scale)} | ({} if offset is None else {"offset": split(offset)})
-    is_half = lambda a: jnp.all(a.astype(jnp.float16).astype(jnp.float32) == a)
+    is_half = lambda a: bool(np.all(a.astype(np.float16).astype(np.float32) == a))
     full = {"values": word_tiles(values)} | {k: per_tile(a) for k, a in parts.items()}
-    exact = {"float16": jnp.all(jnp.stack([is_half(a) for a in parts.values()])), "compact": jnp.bool_(False),
-             "super16": jnp.bool_(False)}
+    exact = {"float16": all(is_half(a) for a in parts.values()), "compact": False, "super16": False}
     if group < 2:
         return full, None, exact
-    compact, ok, super16 = {"values": full["values"]}, jnp.bool_(True), jnp.bool_(True)
+    compact, ok, super16 = {"values": full["values"]}, True, True
     for name, a in parts.items():
         sub, sup, good = factor_blocks(a, group)
         compact[name], compact[f"{name}_super"] = per_tile(sub), per_tile(sup)
-        ok, super16 = ok & good, super16 & is_half(sup)
+        ok, super16 = ok and good, super16 and is_half(sup)
     return full, compact, exact | {"compact": ok, "super16": super16}
 
 
-def _swap_tiles(a: jax.Array, to_tiles: bool) -> jax.Array:
+def _swap_tiles(a, to_tiles: bool):
     """[out, n] in rows ↔ in tiles: within each group of 16 rows the [16, n] block transposed to [n, 16]
-    (to_tiles) or back (jnp: works in-graph)."""
+    (to_tiles) or back. numpy or jnp arrays (untiling works in-graph)."""
     out, n = a.shape
     inner = (LANES, n) if to_tiles else (n, LANES)
     return a.reshape(out // LANES, *inner).transpose(0, 2, 1).reshape(out, n)
 
 
-def _swap_words(values: jax.Array, to_tiles: bool) -> jax.Array:
-    """`_swap_tiles` on 4-byte words of int8 / uint8 values [out, bytes] (same shape and dtype)."""
-    out, nbytes = values.shape
-    words = jax.lax.bitcast_convert_type(values.reshape(out, nbytes // 4, 4), jnp.uint32)
-    return jax.lax.bitcast_convert_type(_swap_tiles(words, to_tiles), values.dtype).reshape(out, nbytes)
-
-
-def word_tiles(values: jax.Array) -> jax.Array:
-    """Row-major [out, bytes] → tiles of 16 rows whose 4-byte words alternate (same shape and dtype)."""
-    return _swap_words(values, True)
+def word_tiles(values) -> np.ndarray:
+    """Row-major [out, bytes] → tiles of 16 rows whose 4-byte words alternate (same shape and dtype; numpy)."""
+    values = np.ascontiguousarray(values)
+    return np.ascontiguousarray(_swap_tiles(values.view(np.uint32), True)).view(values.dtype)
 
 
 def untile_values(tiled: jax.Array) -> jax.Array:
-    """Whole tiles of a tiled matrix back to BlockQuant's row-major values."""
-    return _swap_words(tiled, False)
+    """Whole tiles of a tiled matrix back to BlockQuant's row-major values (jnp: in-graph)."""
+    out, nbytes = tiled.shape
+    words = jax.lax.bitcast_convert_type(tiled.reshape(out, nbytes // 4, 4), jnp.uint32)
+    return jax.lax.bitcast_convert_type(_swap_tiles(words, False), tiled.dtype).reshape(out, nbytes)
 
 
-def per_tile(a: jax.Array) -> jax.Array:
-    """Row-major [out, n] → the tiles' [out / 16][n][16] (as [out, n])."""
-    return _swap_tiles(a, True)
+def per_tile(a) -> np.ndarray:
+    """Row-major [out, n] → the tiles' [out / 16][n][16] (as [out, n]; numpy)."""
+    return np.ascontiguousarray(_swap_tiles(np.asarray(a), True))
 
 
 def untile_blocks(a: jax.Array, sup: jax.Array | None = None) -> jax.Array:
@@ -158,17 +151,17 @@ def untile_blocks(a: jax.Array, sup: jax.Array | None = None) -> jax.Array:
     return rows * jnp.repeat(sup, a.shape[1] // sup.shape[1], axis=1)
 
 
-def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, compact: bool = True
-                ) -> dict[str, jax.Array]:
+def tile_arrays(values, scale, offset=None, compact: bool = True) -> dict[str, np.ndarray]:
     """A row-major BlockQuant's arrays → the kernel's ("values", "scale", and where they apply "offset",
-    "scale_super", "offset_super"), on device. `compact`: the fewest bytes that are exact (compact scales, else
-    float16 scales, else float32: see the module doc); False keeps float32 scales (the same products, more bytes).
+    "scale_super", "offset_super"), numpy on the host. `compact`: the fewest bytes that are exact (compact
+    scales, else float16 scales, else float32: see the module doc); False keeps float32 scales (the same products,
+    more bytes).
 
     Raises:
       ConfigError: a shape the kernel does not take.
     """
-    values = jnp.asarray(values)
-    q4 = values.dtype == jnp.uint8
+    values = np.asarray(values)
+    q4 = values.dtype == np.uint8
     out, nbytes = values.shape
     width = nbytes * (2 if q4 else 1)
     block = kernel_block(out, width, scale.shape[1], q4)
@@ -176,11 +169,11 @@ def tile_arrays(values: jax.Array, scale: jax.Array, offset: jax.Array | None, c
         raise ConfigError(f"activations=int8 cannot take a {out} x {width} matrix with scale blocks of "
                           f"{width // scale.shape[1]}")
     group = _super_group(block, width // block) if compact else 1
-    full, factored, exact = _tiles(values, jnp.asarray(scale), None if offset is None else jnp.asarray(offset),
+    full, factored, exact = _tiles(values, np.asarray(scale), None if offset is None else np.asarray(offset),
                                    block, group)
-    half = lambda tiles, names: tiles | {k: tiles[k].astype(jnp.float16) for k in names if k in tiles}
-    if factored is not None and bool(exact["compact"]):
-        return half(factored, ("scale_super", "offset_super")) if bool(exact["super16"]) else factored
-    if compact and bool(exact["float16"]):
+    half = lambda tiles, names: tiles | {k: tiles[k].astype(np.float16) for k in names if k in tiles}
+    if factored is not None and exact["compact"]:
+        return half(factored, ("scale_super", "offset_super")) if exact["super16"] else factored
+    if compact and exact["float16"]:
         return half(full, ("scale", "offset"))
     return full

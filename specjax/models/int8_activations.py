@@ -55,7 +55,7 @@ def resolve(activations: str, weights: str, dtype: str = "float32") -> str:
     if activations != "auto":
         return activations
     takes = weights in ("int8", "q4") and dtype == "float32" and jax.default_backend() == "cpu"
-    return "int8" if takes and native_kernels.int8_path_available() else "float32"
+    return "int8" if takes and native_kernels.int8_path_expected() else "float32"
 
 
 def check(activations: str, weights: str, dtype: str = "float32") -> None:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import SafetensorError
 
-from specjax.models import artifacts, int8_activations
+from specjax.models import artifacts, int8_activations, native_kernels
 from specjax.models.artifacts import cache_root, file_sha256, hash_file
 from specjax.models.config import ConfigError, ModelConfig, resolve_dtype
 from specjax.models.gguf_loader import (
@@ -203,10 +203,17 @@ def load_model(
       ConfigError: a format or activation choice this model or machine cannot take.
     """
     resolve_weights(weights)
+    chosen = weights, activations
     weights = resolved_weights(model, weights)
     jdtype = resolve_dtype(dtype)
     activations = int8_activations.resolve(activations, weights, dtype)
     net, tokenizer = _load_model(model, jdtype, progress, weights, tiled=activations == "int8")
+    if native_kernels.int8_path_pending() and not native_kernels.int8_path_available():
+        # "auto" counted on the native kernels, whose first build ran beside the conversion, and it failed: load
+        # what "auto" means without them (the failure is remembered: nothing is built again in this process).
+        why = next(r for k in native_kernels.INT8_PATH if (r := native_kernels.unavailable_reason(k)))
+        progress(f"the native kernels did not build ({why}); loading again without them")
+        return load_model(model, dtype, progress, *chosen)
     if activations == "int8" and not int8_activations.tile_model(net, progress=progress):
         raise ConfigError("activations=int8: the int8 kernel takes none of this model's matrices "
                           "(it needs rows in multiples of 16 and scale blocks of 16-64 columns)")

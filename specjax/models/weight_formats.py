@@ -59,7 +59,7 @@ def resolve_weights(name: str, gguf: bool = False) -> str:
         raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_CHOICES)}")
     if name != "auto":
         return name
-    native = native_kernels.available() or native_kernels.int8_path_available()
+    native = native_kernels.available() or native_kernels.int8_path_expected()
     return "q4" if gguf and profile_for().native_max_rows > 0 and native else "float32"
 
 

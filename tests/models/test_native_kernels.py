@@ -195,6 +195,37 @@ def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
         native_kernels._load.cache_clear()
 
 
+def test_the_int8_path_can_build_in_the_background(monkeypatch, tmp_path):
+    """`int8_path_expected` starts the build and answers at once (a first start converts the model meanwhile);
+    `int8_path_available` waits for it; once such a build failed, nothing is expected or started again."""
+    import time
+
+    log = tmp_path / "log"
+    script = tmp_path / "c++"
+    script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 2.0; exit 0; }}\n"
+                      f"echo start >> {log}\nsleep 2\necho end >> {log}\n"
+                      "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo x > \"$2\"; shift; done\nexit 0\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda: "fpu avx avx2 fma f16c")
+    monkeypatch.setattr(native_kernels, "_PENDING", {})
+    monkeypatch.setattr(native_kernels, "_FAILED", set())
+    try:
+        native_kernels._load.cache_clear()
+        t0 = time.perf_counter()
+        assert native_kernels.int8_path_expected() and native_kernels.int8_path_pending()
+        assert time.perf_counter() - t0 < 1.5  # the compilers run on (2 s each)
+        assert native_kernels.int8_path_expected()  # one build, not two
+        assert not native_kernels.int8_path_available()  # waited: the fake libraries do not load
+        assert log.read_text().split() == ["start", "start", "end", "end"]
+        assert not native_kernels.int8_path_pending() and not native_kernels.int8_path_expected()
+        assert log.read_text().split() == ["start", "start", "end", "end"]  # nothing built again
+    finally:
+        native_kernels._load.cache_clear()
+
+
 def test_a_cpu_without_the_instructions_is_refused_before_any_compile(monkeypatch, tmp_path):
     """An AVX2 CPU skips the AVX-512-only float32 kernel without compiling it (it would fail at every start) and
     builds the int8 path; an older CPU skips both. The reason names the missing flags."""

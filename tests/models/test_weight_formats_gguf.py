@@ -215,6 +215,31 @@ def test_qwen_formats_against_float32(capsys):
     assert abs(res["q4:a8"]["ppl"] / res["float32"]["ppl"] - 1) < 0.01, res["q4:a8"]
 
 
+def test_a_failed_background_build_loads_what_auto_means_without_the_kernels(tmp_path, monkeypatch):
+    """weights=auto and activations=auto count on kernels still building (the conversion runs beside the
+    compilers); when the build fails, the model is loaded again as "auto" resolves without them."""
+    import time
+
+    from specjax.models import native_kernels
+
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_kernels, "_PENDING", {})
+    monkeypatch.setattr(native_kernels, "_FAILED", set())
+    monkeypatch.setattr(native_kernels, "available", lambda kind="float32": False)
+    monkeypatch.setattr(native_kernels, "unavailable_reason", lambda kind="float32": "c++ failed: test")
+    monkeypatch.setattr(native_kernels, "_is_built", lambda kind: False)
+    monkeypatch.setattr(native_kernels, "_toolchain", lambda kind: ("c++", None))
+    monkeypatch.setattr(native_kernels, "_build_side_by_side", lambda kinds: time.sleep(0.2))
+    path = write_gguf(tmp_path / "tiny.gguf", tensors=gguf_tensors(tiny_weights()))
+    said: list[str] = []
+    model, tok = loading.load_model(str(path), weights="auto", activations="auto", progress=said.append)
+    assert any("did not build (c++ failed: test); loading again without them" in s for s in said)
+    assert any("for weights=q4" in s for s in said)  # the conversion it counted on ran
+    assert model.embed is not None and model.embed_packed is None and tok.encode("hello")  # float32, as auto is
+    assert not native_kernels.int8_path_pending() and not native_kernels.int8_path_expected()
+    assert loading.resolved_weights(str(path), "auto") == "float32"
+
+
 def test_cli_option_loads_the_format_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
     from specjax.decode.cli import DecodeOptions, run
 

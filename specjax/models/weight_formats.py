@@ -59,7 +59,8 @@ def resolve_weights(name: str, gguf: bool = False) -> str:
         raise ConfigError(f"weights={name!r} is not one of {', '.join(WEIGHT_CHOICES)}")
     if name != "auto":
         return name
-    native = native_kernels.available() or native_kernels.int8_path_expected()
+    # The int8 path first: where it is expected, the float32 kernel (AVX-512) is not built just to decide this.
+    native = native_kernels.int8_path_expected() or native_kernels.available()
     return "q4" if gguf and profile_for().native_max_rows > 0 and native else "float32"
 
 

@@ -169,9 +169,9 @@ def test_a_failing_compiler_falls_back_with_its_first_error_line(monkeypatch, tm
         native_kernels._load.cache_clear()
 
 
-def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
-    """A first start compiles the int8 path's two libraries (int8 product, fixed-order reductions) in parallel
-    compiler processes; with the kernels turned off nothing is compiled."""
+def _slow_fake_compiler(monkeypatch, tmp_path):
+    """A fake `$CXX` on an AVX2 x86-64 machine: each compile logs "start", sleeps 2 s, logs "end" and writes an
+    empty "library" (which does not load); returns the log's path."""
     log = tmp_path / "log"
     script = tmp_path / "c++"
     script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 2.0; exit 0; }}\n"
@@ -182,6 +182,13 @@ def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda: "fpu avx avx2 fma f16c")
+    return log
+
+
+def test_the_int8_path_builds_its_libraries_side_by_side(monkeypatch, tmp_path):
+    """A first start compiles the int8 path's two libraries (int8 product, fixed-order reductions) in parallel
+    compiler processes; with the kernels turned off nothing is compiled."""
+    log = _slow_fake_compiler(monkeypatch, tmp_path)
     try:
         monkeypatch.setenv(native_kernels.ENV, "0")
         native_kernels._load.cache_clear()
@@ -200,16 +207,7 @@ def test_the_int8_path_can_build_in_the_background(monkeypatch, tmp_path):
     `int8_path_available` waits for it; once such a build failed, nothing is expected or started again."""
     import time
 
-    log = tmp_path / "log"
-    script = tmp_path / "c++"
-    script.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo fake 2.0; exit 0; }}\n"
-                      f"echo start >> {log}\nsleep 2\necho end >> {log}\n"
-                      "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && echo x > \"$2\"; shift; done\nexit 0\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("CXX", str(script))
-    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(native_kernels, "_cpuinfo_flags", lambda: "fpu avx avx2 fma f16c")
+    log = _slow_fake_compiler(monkeypatch, tmp_path)
     monkeypatch.setattr(native_kernels, "_PENDING", {})
     monkeypatch.setattr(native_kernels, "_FAILED", set())
     try:

@@ -15,6 +15,7 @@ import collections
 import re
 import re._constants as sre_constants
 import re._parser as sre_parse
+import threading
 
 import interegular
 import numpy as np
@@ -37,6 +38,7 @@ _UNICODE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-
 # regex it writes takes interegular seconds). The text stays the definition; this is only a faster way to it.
 _KNOWN: collections.OrderedDict = collections.OrderedDict()
 _KNOWN_MAX = 1024
+_KNOWN_LOCK = threading.Lock()  # grammars may be compiled on several threads
 
 
 def terminal_dfa(name: str, pattern) -> ByteDFA:
@@ -46,7 +48,8 @@ def terminal_dfa(name: str, pattern) -> ByteDFA:
       GrammarError: naming the terminal and the construct, for unsupported regexes or terminals that match
         the empty string.
     """
-    build = _KNOWN.get(getattr(pattern, "raw", None)) if not pattern.flags else None
+    with _KNOWN_LOCK:
+        build = _KNOWN.get(getattr(pattern, "raw", None)) if not pattern.flags else None
     if build is not None:
         dfa = build()
     elif type(pattern).__name__ == "PatternStr" and not pattern.flags:
@@ -66,10 +69,11 @@ def remember_terminal(text: str, build) -> None:
     the language of ``text`` (a grammar compiled from the text elsewhere gets the same DFA the long way). The
     last 1,024 registrations are kept.
     """
-    _KNOWN[text] = build
-    _KNOWN.move_to_end(text)
-    while len(_KNOWN) > _KNOWN_MAX:
-        _KNOWN.popitem(last=False)
+    with _KNOWN_LOCK:
+        _KNOWN[text] = build
+        _KNOWN.move_to_end(text)
+        while len(_KNOWN) > _KNOWN_MAX:
+            _KNOWN.popitem(last=False)
 
 
 def trie_dfa(words) -> ByteDFA:

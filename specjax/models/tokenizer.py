@@ -14,6 +14,7 @@ tokens (runs of newlines or tabs, html tags) are always matched whole, special o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -212,7 +213,9 @@ class Tokenizer:
             tmp = path / f".{name}.{os.getpid()}.tmp"
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path / name)
-        write_token_bytes(path / TOKEN_BYTES_FILE, self.token_bytes())
+        # An optimization: a vocabulary whose bytes cannot be spelled (a lone surrogate) simply has none saved.
+        with contextlib.suppress(UnicodeEncodeError):
+            write_token_bytes(path / TOKEN_BYTES_FILE, self.token_bytes())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:

@@ -145,8 +145,12 @@ def _build(folder: Path, compiler: str, kind: str) -> None:
 
 def _built(compiler: str, kind: str, key: str) -> Path:
     """The cache folder holding kernel `kind`'s library, built there first if it is not (under a lock)."""
-    return ensure_dir(cache_root() / "native" / f"{KERNELS[kind][0]}-{key}", lambda tmp: _build(tmp, compiler, kind),
-                      "native kernel library")
+    return ensure_dir(_folder(kind, key), lambda tmp: _build(tmp, compiler, kind), "native kernel library")
+
+
+def _folder(kind: str, key: str) -> Path:
+    """The cache folder of kernel `kind`'s library built under `key`."""
+    return cache_root() / "native" / f"{KERNELS[kind][0]}-{key}"
 
 
 def _toolchain(kind: str) -> tuple[str | None, str | None]:
@@ -247,7 +251,7 @@ def _is_built(kind: str) -> bool:
     if why is not None:
         return False
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return (cache_root() / "native" / f"{KERNELS[kind][0]}-{_key(compiler, kind)}" / _library(kind)).is_file()
+        return (_folder(kind, _key(compiler, kind)) / _library(kind)).is_file()
     return False
 
 
